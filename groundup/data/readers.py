@@ -1,0 +1,317 @@
+"""Read raw inputs as text records: the one entry point every data stage uses.
+
+    stats = ReadStats()
+    for record in iter_records(["corpus/", "extra.jsonl.zst"], stats):
+        record["id"], record["source"], record["domain"], record["text"]   # always present
+        record.get("url")                                                    # when the input has one
+
+Inputs and what they become:
+- `.txt`, `.md`, `.rst` (also `.gz`, `.zst`): one record per file, domain "text" (or
+  `default_domain`). A file larger than `max_record_bytes` is split at line breaks into parts
+  `path#NNNN`, so a huge file never has to fit in memory at once.
+- `.jsonl` (also `.gz`, `.zst`): one record per line; every field is kept. Lines without a string
+  `text`, lines that are not JSON objects and lines longer than `max_record_bytes` are skipped and
+  counted with their `file:line`.
+- `.parquet`: one record per row, read a row group at a time; every column is kept.
+- directories: walked recursively in sorted order; source files become domain "code" with a
+  `language` field, and path conventions mark `vendored`, `generated` and `minified` files (the
+  code filters drop them by default, so the report shows how many there were).
+
+Problems never stop the read: they are counted in `ReadStats` with the first few positions.
+Only input that yields no record at all raises `DataError`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import IO, Iterator, Sequence
+
+import zstandard
+
+from groundup.errors import DataError
+from groundup.io import open_compressed
+
+TEXT_EXTENSIONS = {".txt": "text", ".md": "markdown", ".rst": "rst"}
+JSONL_EXTENSIONS = {".jsonl", ".ndjson"}
+CODE_EXTENSIONS = {
+    ".py": "python", ".pyi": "python", ".js": "javascript", ".mjs": "javascript", ".jsx": "javascript",
+    ".ts": "typescript", ".tsx": "typescript", ".java": "java", ".kt": "kotlin", ".scala": "scala",
+    ".c": "c", ".h": "c", ".cc": "cpp", ".cpp": "cpp", ".cxx": "cpp", ".hpp": "cpp", ".hh": "cpp",
+    ".cs": "csharp", ".go": "go", ".rs": "rust", ".rb": "ruby", ".php": "php", ".swift": "swift",
+    ".m": "objective-c", ".lua": "lua", ".pl": "perl", ".r": "r", ".jl": "julia", ".hs": "haskell",
+    ".ml": "ocaml", ".ex": "elixir", ".erl": "erlang", ".clj": "clojure", ".dart": "dart",
+    ".sh": "shell", ".bash": "shell", ".zsh": "shell", ".ps1": "powershell", ".sql": "sql",
+    ".html": "html", ".css": "css", ".scss": "css", ".vue": "vue", ".tex": "tex",
+    ".yaml": "yaml", ".yml": "yaml", ".toml": "toml", ".cmake": "cmake", ".f90": "fortran",
+}
+COMPRESSED_SUFFIXES = (".gz", ".zst", ".zstd")
+# Walked past without a word: version-control and tool caches are never corpus material.
+SKIP_DIRS = {".git", ".hg", ".svn", "__pycache__", ".mypy_cache", ".pytest_cache", ".tox", ".ruff_cache"}
+# Read, but marked: third-party code copied into a repository is someone else's (and duplicated
+# across many repositories), so the code filters drop it by default and the report counts it.
+VENDORED_DIRS = {"vendor", "vendored", "third_party", "thirdparty", "third-party", "node_modules",
+                 "bower_components", "site-packages", "dist-packages", ".venv", "venv", "external"}
+GENERATED_SUFFIXES = ("_pb2.py", "_pb2_grpc.py", ".pb.go", ".pb.cc", ".pb.h", "_generated.go", ".g.dart",
+                      ".designer.cs", "-lock.json", ".lock")
+MINIFIED_MARKERS = (".min.js", ".min.css", "-min.js", ".bundle.js")
+MAX_PROBLEMS = 10  # how many file:line positions each problem kind keeps for the report
+SNIFF_BYTES = 8192
+
+
+@dataclasses.dataclass
+class ReadStats:
+    """What reading saw: counts, plus the first few `file:line: reason` positions of each problem."""
+
+    files: int = 0
+    records: int = 0
+    bytes: int = 0
+    bad_json: int = 0
+    bad_json_examples: list[str] = dataclasses.field(default_factory=list)
+    invalid_utf8: int = 0  # records decoded with U+FFFD replacement characters
+    invalid_utf8_examples: list[str] = dataclasses.field(default_factory=list)
+    binary_files: int = 0
+    binary_examples: list[str] = dataclasses.field(default_factory=list)
+    no_text: int = 0  # records without a string `text` field
+    no_text_examples: list[str] = dataclasses.field(default_factory=list)
+    too_long: int = 0  # lines or files over `max_record_bytes`, skipped without being held in memory
+    too_long_examples: list[str] = dataclasses.field(default_factory=list)
+    unsupported_files: int = 0  # files in a directory with an extension no reader handles
+    unsupported_examples: list[str] = dataclasses.field(default_factory=list)
+
+    def note(self, kind: str, where: str) -> None:
+        """Count one problem of `kind` (a field name above) and keep its position if among the first."""
+        setattr(self, kind, getattr(self, kind) + 1)
+        examples = getattr(self, f"{kind.removesuffix('_files')}_examples")
+        if len(examples) < MAX_PROBLEMS:
+            examples.append(where)
+
+    def merge(self, other: "ReadStats") -> None:
+        for f in dataclasses.fields(self):
+            mine, theirs = getattr(self, f.name), getattr(other, f.name)
+            if isinstance(mine, list):
+                mine.extend(theirs[: MAX_PROBLEMS - len(mine)])
+            else:
+                setattr(self, f.name, mine + theirs)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def summary(self) -> str:
+        parts = [f"{self.records:,} records from {self.files:,} files ({self.bytes / 1e6:.1f} MB)"]
+        for kind in ("bad_json", "invalid_utf8", "binary_files", "no_text", "too_long", "unsupported_files"):
+            if getattr(self, kind):
+                parts.append(f"{getattr(self, kind):,} {kind.replace('_', ' ')}")
+        return ", ".join(parts)
+
+
+def _base_suffix(path: Path) -> str:
+    """The extension that says what a file holds, under any compression: `a.jsonl.zst` -> `.jsonl`."""
+    name = path.name.lower()
+    for suffix in COMPRESSED_SUFFIXES:
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+            break
+    return os.path.splitext(name)[1]
+
+
+def _decode(data: bytes, where: str, stats: ReadStats) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        stats.note("invalid_utf8", f"{where}: invalid UTF-8 at byte {e.start}, replaced")
+        return data.decode("utf-8", errors="replace")
+
+
+def _is_binary(head: bytes) -> bool:
+    # A NUL byte never occurs in UTF-8 text; git and grep use the same test.
+    return b"\x00" in head
+
+
+def _read_lines(f: IO[bytes], max_bytes: int) -> Iterator[tuple[int, bytes | None]]:
+    """Yield (line number, line) with None for a line over `max_bytes`, which is skipped in
+    1 MiB steps so that one giant line costs no more memory than the limit."""
+    lineno = 0
+    while True:
+        line = f.readline(max_bytes + 1)
+        if not line:
+            return
+        lineno += 1
+        if len(line) > max_bytes and not line.endswith(b"\n"):
+            while (rest := f.readline(1 << 20)) and not rest.endswith(b"\n"):
+                pass
+            yield lineno, None
+        else:
+            yield lineno, line
+
+
+def _finish(record: dict, source: str, domain: str, rid: str) -> dict:
+    """Fill in the fields every record carries, keeping whatever else the input had."""
+    record["id"] = str(record["id"]) if record.get("id") not in (None, "") else rid
+    record["source"] = str(record["source"]) if record.get("source") else source
+    record["domain"] = str(record["domain"]) if record.get("domain") else domain
+    if "url" in record and not record["url"]:
+        del record["url"]  # an empty url is no url: the URL filters only judge real ones
+    return record
+
+
+def _iter_jsonl(path: Path, source: str, domain: str, stats: ReadStats, max_bytes: int) -> Iterator[dict]:
+    with open_compressed(path) as f:
+        for lineno, line in _read_lines(f, max_bytes):
+            where = f"{path}:{lineno}"
+            if line is None:
+                stats.note("too_long", f"{where}: line longer than {max_bytes:,} bytes, skipped")
+                continue
+            if not line.strip():
+                continue
+            text = _decode(line, where, stats)
+            try:
+                record = json.loads(text)
+            except json.JSONDecodeError as e:
+                stats.note("bad_json", f"{where}: invalid JSON: {e.msg} (column {e.colno})")
+                continue
+            if not isinstance(record, dict):
+                stats.note("bad_json", f"{where}: expected a JSON object, got {type(record).__name__}")
+                continue
+            if not isinstance(record.get("text"), str):
+                stats.note("no_text", f"{where}: no string 'text' field")
+                continue
+            stats.bytes += len(line)
+            yield _finish(record, source, domain, f"{source}:{lineno}")
+
+
+def _iter_parquet(path: Path, source: str, domain: str, stats: ReadStats) -> Iterator[dict]:
+    import pyarrow.parquet as pq
+
+    try:
+        pf = pq.ParquetFile(path)
+    except Exception as e:  # noqa: BLE001 - pyarrow raises several types for a bad file
+        raise DataError(f"{path}: not a readable Parquet file: {e}") from None
+    if "text" not in pf.schema_arrow.names:
+        stats.no_text += pf.metadata.num_rows
+        if len(stats.no_text_examples) < MAX_PROBLEMS:
+            stats.no_text_examples.append(f"{path}: no 'text' column ({pf.metadata.num_rows:,} rows skipped)")
+        return
+    row = 0
+    for batch in pf.iter_batches(batch_size=1024):
+        for record in batch.to_pylist():
+            row += 1
+            if not isinstance(record.get("text"), str):
+                stats.note("no_text", f"{path}:row {row}: 'text' is empty or not a string")
+                continue
+            stats.bytes += len(record["text"].encode("utf-8"))
+            yield _finish(record, source, domain, f"{source}:{row}")
+
+
+def _iter_text_file(path: Path, rid: str, source: str, domain: str, stats: ReadStats,
+                    max_bytes: int, extra: dict) -> Iterator[dict]:
+    """One record per file; a file over `max_bytes` becomes parts cut at line breaks."""
+    with open_compressed(path) as f:
+        head = f.read(max_bytes + 1)
+        if _is_binary(head[:SNIFF_BYTES]):
+            stats.note("binary_files", f"{path}: binary (NUL bytes), skipped")
+            return
+        if len(head) <= max_bytes:
+            stats.bytes += len(head)
+            yield {"id": rid, "source": source, "domain": domain, "text": _decode(head, str(path), stats), **extra}
+            return
+        part, pending = 0, head
+        while pending:
+            cut = pending.rfind(b"\n", 0, max_bytes) + 1 or max_bytes  # no newline at all: hard cut
+            if len(pending) <= max_bytes:
+                cut = len(pending)
+            chunk, pending = pending[:cut], pending[cut:]
+            stats.bytes += len(chunk)
+            yield {"id": f"{rid}#{part:04d}", "source": source, "domain": domain,
+                   "text": _decode(chunk, f"{path}#{part:04d}", stats), **extra}
+            part += 1
+            pending += f.read(max_bytes + 1 - len(pending))
+
+
+def _code_flags(rel: str) -> dict:
+    parts = rel.lower().split("/")
+    name = parts[-1]
+    flags = {}
+    if any(p in VENDORED_DIRS for p in parts[:-1]):
+        flags["vendored"] = True
+    if name.endswith(GENERATED_SUFFIXES) or ".generated." in name:
+        flags["generated"] = True
+    if any(m in name for m in MINIFIED_MARKERS):
+        flags["minified"] = True
+    return flags
+
+
+def _iter_file(path: Path, rel: str, source: str, default_domain: str | None, stats: ReadStats,
+               max_bytes: int, in_directory: bool) -> Iterator[dict]:
+    suffix = _base_suffix(path)
+    rid = f"{source}/{rel}" if in_directory else source
+    stats.files += 1
+    if suffix in JSONL_EXTENSIONS:  # records name their own source; else the file's name does
+        yield from _iter_jsonl(path, _source_name(path), default_domain or "text", stats, max_bytes)
+    elif suffix == ".parquet":
+        yield from _iter_parquet(path, _source_name(path), default_domain or "text", stats)
+    elif suffix in CODE_EXTENSIONS:
+        extra = {"language": CODE_EXTENSIONS[suffix], **_code_flags(rel)}
+        yield from _iter_text_file(path, rid, source, "code", stats, max_bytes, extra)
+    elif suffix in TEXT_EXTENSIONS or not in_directory:
+        # A file named on the command line is read as text whatever its name; inside a directory
+        # only known extensions are, so images, archives and build outputs are not mistaken for text.
+        yield from _iter_text_file(path, rid, source, default_domain or "text", stats, max_bytes, {})
+    else:
+        stats.files -= 1
+        with open(path, "rb") as f:
+            binary = _is_binary(f.read(SNIFF_BYTES))
+        if binary:
+            stats.note("binary_files", f"{path}: binary (NUL bytes), skipped")
+        else:
+            stats.note("unsupported_files", f"{path}: extension {suffix or '(none)'!r} not read")
+
+
+def _walk(root: Path) -> Iterator[Path]:
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS)
+        for name in sorted(filenames):
+            yield Path(dirpath) / name
+
+
+def _source_name(path: Path) -> str:
+    name = path.resolve().name
+    for suffix in COMPRESSED_SUFFIXES:
+        name = name.removesuffix(suffix)
+    return name if path.is_dir() else os.path.splitext(name)[0] or name
+
+
+def iter_records(paths: Sequence[str | Path], stats: ReadStats | None = None, default_domain: str | None = None,
+                 max_record_bytes: int = 64 << 20) -> Iterator[dict]:
+    """Yield text records from files and directories (see the module docstring for the formats).
+
+    Raises DataError for a path that does not exist or, after reading everything, when no record
+    was found; every other problem is counted in `stats` and skipped.
+    """
+    stats = stats if stats is not None else ReadStats()
+    if isinstance(paths, (str, Path)):
+        paths = [paths]
+    if not paths:
+        raise DataError("no input given: name at least one file or directory")
+    for p in paths:
+        if not Path(p).exists():
+            raise DataError(f"input not found: {p}")
+    start = stats.records
+    for p in map(Path, paths):
+        source = _source_name(p)
+        if p.is_dir():
+            files = ((f, f.relative_to(p).as_posix()) for f in _walk(p))
+        else:
+            files = iter([(p, p.name)])
+        for path, rel in files:
+            try:
+                for record in _iter_file(path, rel, source, default_domain, stats, max_record_bytes, p.is_dir()):
+                    stats.records += 1
+                    yield record
+            except (OSError, EOFError, zstandard.ZstdError) as e:  # truncated or unreadable: name it, go on
+                stats.note("binary_files", f"{path}: unreadable ({e}), skipped")
+    if stats.records == start:
+        raise DataError(f"no records found in {', '.join(map(str, paths))}: {stats.summary()}"
+                        + "".join(f"; {e}" for e in (stats.bad_json_examples + stats.no_text_examples)[:3]))
