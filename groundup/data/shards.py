@@ -1,0 +1,423 @@
+"""Token shards: flat token files, their index, and `groundup data tokenize` that writes them.
+
+    groundup data tokenize --tokenizer out/tokenizer --input out/curated/shards --out out/tokens
+
+Layout of the output directory:
+
+    index.json                        written last: it lists only complete files
+    train/<domain>-00000.bin          flat little-endian uint16 (vocab_size <= 65,536) or uint32 ids
+    train/<domain>-00000.docs.npy     int64 start offset of each document in the .bin, then its length
+    train/<domain>-00000.ids.jsonl    each document's record id, one JSON string per line
+    val/...                           the same for the validation split
+
+Each document is its tokens followed by the end-of-text id; a document never spans two files and
+each file holds one domain, so the loader can weight domains by choosing among files. Files are
+written under temporary names and renamed when complete; a previous index.json is deleted before
+anything else is written, so a crash never leaves an index vouching for half-written shards.
+
+index.json keys: format, version, dtype, vocab_size, eot_id, bos_id, tokenizer_hash, tokenizer,
+val_fraction, seed, split_rule, tokens, documents, bytes, skipped_empty, read (the reader's counts of
+bad records), inputs, seconds, and splits.{train,val}: tokens, documents, bytes (UTF-8 bytes of the
+text, the denominator of bits-per-byte), domains.<domain> and sources.<source> (each with tokens,
+documents, bytes), and shards: [{file, offsets, ids, domain, tokens, documents, bytes}] (paths
+relative to the directory). Token counts include the end-of-text separators.
+
+Split: a document goes to val when xxh64(its UTF-8 text, seed) / 2**64 < val_fraction, so the
+split depends on the text alone (identical documents land together) and not on input order or
+worker count. Each split gets at least one document: the lowest-scoring document is moved to val
+if val would be empty, the highest-scoring to train if train would be.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import json
+import re
+import time
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import xxhash
+
+from groundup.config import fail, load_config
+from groundup.errors import DataError
+from groundup.io import atomic_open, atomic_write_json, ensure_writable_dir, read_json
+
+INDEX_FILE = "index.json"
+FORMAT = "groundup-token-shards"
+SPLITS = ("train", "val")
+SPLIT_RULE = ("val when xxh64(utf-8 text, seed) / 2**64 < val_fraction; the lowest-scoring document "
+              "goes to val if val would be empty, the highest-scoring to train if train would be")
+
+
+@dataclasses.dataclass
+class TokenizeConfig:
+    val_fraction: float = 0.01  # share of documents in the validation split (at least one)
+    seed: int = 0  # of the document hash that decides the split
+    workers: int = 0  # encoding processes; 0: one per core
+    shard_tokens: int = 1 << 27  # start a new file after this many tokens (256 MB at uint16)
+    batch_bytes: int = 1 << 20  # text per unit of work sent to an encoding process
+    default_domain: str | None = None  # domain of records that name none (default: "text")
+
+    def validate(self) -> None:
+        if not 0.0 <= self.val_fraction < 1.0:
+            fail("val_fraction", self.val_fraction, "a number in [0, 1)")
+        if self.workers < 0:
+            fail("workers", self.workers, "an integer >= 0 (0: one per core)")
+        if self.shard_tokens < 1:
+            fail("shard_tokens", self.shard_tokens, "a positive integer")
+        if self.batch_bytes < 1:
+            fail("batch_bytes", self.batch_bytes, "a positive integer")
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    return np.dtype("<u2") if vocab_size <= 1 << 16 else np.dtype("<u4")
+
+
+def document_score(text: str, seed: int = 0) -> float:
+    """Where a document falls in [0, 1): the split rule and the tokenizer's held-out set use it."""
+    return xxhash.xxh64_intdigest(text.encode("utf-8", "surrogatepass"), seed) / 2.0**64
+
+
+# ----------------------------------------------------------------------------- writing
+
+
+@dataclasses.dataclass
+class _Doc:
+    tokens: np.ndarray  # with the end-of-text id appended
+    id: str
+    source: str
+    domain: str
+    nbytes: int
+    score: float
+    order: int  # arrival number: breaks score ties so the held documents stay distinct
+
+
+def _counts() -> dict:
+    return {"tokens": 0, "documents": 0, "bytes": 0}
+
+
+def _add_counts(counts: dict, doc: _Doc) -> None:
+    counts["tokens"] += len(doc.tokens)
+    counts["documents"] += 1
+    counts["bytes"] += doc.nbytes
+
+
+class _ShardWriter:
+    """Writes one split's documents of one domain into files of about `shard_tokens` tokens."""
+
+    def __init__(self, out: Path, split: str, stem: str, domain: str, shard_tokens: int):
+        self.out, self.split, self.stem, self.domain, self.limit = out, split, stem, domain, shard_tokens
+        self.entries: list[dict] = []
+        self._file = None
+
+    def _open(self) -> None:
+        self.name = f"{self.split}/{self.stem}-{len(self.entries):05d}"
+        self._ctx = atomic_open(self.out / f"{self.name}.bin", "wb")
+        self._file = self._ctx.__enter__()
+        self.starts, self.ids, self.counts = [0], [], _counts()
+
+    def add(self, doc: _Doc) -> None:
+        if self._file is None:
+            self._open()
+        self._file.write(doc.tokens.tobytes())
+        self.starts.append(self.starts[-1] + len(doc.tokens))
+        self.ids.append(doc.id)
+        _add_counts(self.counts, doc)
+        if self.counts["tokens"] >= self.limit:
+            self.close()
+
+    def close(self) -> None:
+        if self._file is None:
+            return
+        self._ctx.__exit__(None, None, None)  # fsync and rename the .bin into place
+        with atomic_open(self.out / f"{self.name}.docs.npy", "wb") as f:
+            np.save(f, np.asarray(self.starts, dtype=np.int64))
+        with atomic_open(self.out / f"{self.name}.ids.jsonl", "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(i, ensure_ascii=False) + "\n" for i in self.ids)
+        self.entries.append({"file": f"{self.name}.bin", "offsets": f"{self.name}.docs.npy",
+                             "ids": f"{self.name}.ids.jsonl", "domain": self.domain, **self.counts})
+        self._file = None
+
+    def abort(self) -> None:
+        if self._file is not None:
+            self._ctx.__exit__(DataError, DataError("aborted"), None)  # removes the temporary file
+
+
+class _Splitter:
+    """Routes documents to splits, holding back the lowest- and highest-scoring ones until the end
+    so that each split can be guaranteed a document without a second pass over the input."""
+
+    def __init__(self, val_fraction: float):
+        self.fraction = val_fraction
+        self.low: _Doc | None = None
+        self.high: _Doc | None = None
+        self.seen = collections.Counter()
+
+    def natural(self, doc: _Doc) -> str:
+        return "val" if doc.score < self.fraction else "train"
+
+    def _release(self, doc: _Doc | None) -> Iterator[tuple[str, _Doc]]:
+        if doc is not None and doc is not self.low and doc is not self.high:
+            self.seen[self.natural(doc)] += 1
+            yield self.natural(doc), doc
+
+    def add(self, doc: _Doc) -> Iterator[tuple[str, _Doc]]:
+        old_low, old_high = self.low, self.high
+        if self.low is None or (doc.score, doc.order) < (self.low.score, self.low.order):
+            self.low = doc
+        if self.high is None or (doc.score, doc.order) > (self.high.score, self.high.order):
+            self.high = doc
+        for d in {id(x): x for x in (old_low, old_high, doc) if x is not None}.values():
+            yield from self._release(d)
+
+    def finish(self) -> Iterator[tuple[str, _Doc]]:
+        if self.low is None or self.low is self.high:
+            n = 0 if self.low is None else 1
+            raise DataError(f"{n} non-empty document(s) in the input: need at least 2, one for training "
+                            "and one for validation")
+        low, high = self.natural(self.low), self.natural(self.high)
+        counts = self.seen + collections.Counter([low, high])
+        if not counts["val"]:
+            low = "val"  # both held documents were train: the lower one becomes val's document
+        elif not counts["train"]:
+            high = "train"
+        yield low, self.low
+        yield high, self.high
+
+
+def _stem(domain: str, taken: dict[str, str]) -> str:
+    """A file-name-safe, unique stem for a domain."""
+    base = re.sub(r"[^A-Za-z0-9_.-]+", "_", domain).strip("._") or "domain"
+    stem, n = base, 1
+    while taken.get(stem, domain) != domain:
+        n += 1
+        stem = f"{base}_{n}"
+    taken[stem] = domain
+    return stem
+
+
+class _ShardSet:
+    """All writers of both splits, plus the per-split counts for the index."""
+
+    def __init__(self, out: Path, shard_tokens: int):
+        self.out, self.shard_tokens = out, shard_tokens
+        self.writers: dict[tuple[str, str], _ShardWriter] = {}
+        self.stems: dict[str, str] = {}
+        self.splits = {s: {**_counts(), "domains": {}, "sources": {}} for s in SPLITS}
+
+    def add(self, split: str, doc: _Doc) -> None:
+        key = (split, doc.domain)
+        if key not in self.writers:
+            stem = _stem(doc.domain, self.stems)
+            self.writers[key] = _ShardWriter(self.out, split, stem, doc.domain, self.shard_tokens)
+        self.writers[key].add(doc)
+        info = self.splits[split]
+        _add_counts(info, doc)
+        _add_counts(info["domains"].setdefault(doc.domain, _counts()), doc)
+        _add_counts(info["sources"].setdefault(doc.source, _counts()), doc)
+
+    def close(self) -> dict:
+        for writer in self.writers.values():
+            writer.close()
+        for split, info in self.splits.items():
+            info["shards"] = [e for (s, _), w in sorted(self.writers.items()) if s == split for e in w.entries]
+        return self.splits
+
+    def abort(self) -> None:
+        for writer in self.writers.values():
+            writer.abort()
+
+
+def _batches(records, cfg: TokenizeConfig, metas: collections.deque, skipped: collections.Counter
+             ) -> Iterator[list[str]]:
+    """Group record texts into units of about `batch_bytes`; their metadata waits in `metas`."""
+    texts, meta, size = [], [], 0
+    for record in records:
+        text = record["text"]
+        if not text:
+            skipped["empty"] += 1
+            continue
+        data = text.encode("utf-8", "surrogatepass")
+        meta.append((record["id"], record["source"], record["domain"], len(data),
+                     xxhash.xxh64_intdigest(data, cfg.seed) / 2.0**64))
+        texts.append(text)
+        size += len(data)
+        if size >= cfg.batch_bytes:
+            metas.append(meta)
+            yield texts
+            texts, meta, size = [], [], 0
+    if texts:
+        metas.append(meta)
+        yield texts
+
+
+def tokenize_to_shards(inputs: list[str | Path], tokenizer, out: str | Path, cfg: TokenizeConfig | None = None,
+                       progress: bool = True) -> dict:
+    """Encode the records of `inputs` into token shards under `out`; returns the index written."""
+    from tqdm import tqdm
+
+    from groundup.data.readers import ReadStats, iter_records
+    from groundup.tokenizer import Tokenizer
+    from groundup.tokenizer.parallel import encode_batches
+
+    cfg = cfg or TokenizeConfig()
+    cfg.validate()
+    tok = tokenizer if isinstance(tokenizer, Tokenizer) else Tokenizer.load(tokenizer)
+    out = ensure_writable_dir(out)
+    (out / INDEX_FILE).unlink(missing_ok=True)  # the old index must not vouch for files we replace
+    for split in SPLITS:
+        (out / split).mkdir(exist_ok=True)
+    dtype, eot = token_dtype(tok.vocab_size), np.array([tok.eot_id])
+    start = time.perf_counter()
+    stats, metas, skipped = ReadStats(), collections.deque(), collections.Counter()
+    records = iter_records(inputs, stats, cfg.default_domain)
+    shards, splitter, order = _ShardSet(out, cfg.shard_tokens), _Splitter(cfg.val_fraction), 0
+    bar = tqdm(desc="tokenize", unit="B", unit_scale=True, disable=not progress)
+    try:
+        for arrays in encode_batches(tok, _batches(records, cfg, metas, skipped), cfg.workers):
+            for tokens, (rid, source, domain, nbytes, score) in zip(arrays, metas.popleft()):
+                doc = _Doc(np.concatenate([tokens, eot]).astype(dtype), rid, source, domain, nbytes, score, order)
+                order += 1
+                for split, d in splitter.add(doc):
+                    shards.add(split, d)
+                bar.update(nbytes)
+        for split, d in splitter.finish():
+            shards.add(split, d)
+        splits = shards.close()
+    except BaseException:
+        shards.abort()
+        raise
+    finally:
+        bar.close()
+    index = {
+        "format": FORMAT, "version": 1, "dtype": dtype.name, "vocab_size": tok.vocab_size,
+        "eot_id": tok.eot_id, "bos_id": tok.bos_id, "tokenizer_hash": tok.hash,
+        "tokenizer": str(tokenizer) if not isinstance(tokenizer, Tokenizer) else None,
+        "val_fraction": cfg.val_fraction, "seed": cfg.seed, "split_rule": SPLIT_RULE,
+        **{k: sum(splits[s][k] for s in SPLITS) for k in ("tokens", "documents", "bytes")},
+        "skipped_empty": skipped["empty"], "read": stats.to_dict(), "inputs": [str(p) for p in inputs],
+        "seconds": round(time.perf_counter() - start, 3), "splits": splits,
+    }
+    atomic_write_json(out / INDEX_FILE, index)
+    _remove_stale(out, index)
+    return index
+
+
+def _remove_stale(out: Path, index: dict) -> None:
+    """Delete shard files of an earlier run into the same directory that this index does not list."""
+    listed = {e[k] for s in SPLITS for e in index["splits"][s]["shards"] for k in ("file", "offsets", "ids")}
+    for split in SPLITS:
+        for path in (out / split).glob("*-[0-9][0-9][0-9][0-9][0-9].*"):
+            if path.name.endswith((".bin", ".docs.npy", ".ids.jsonl")) and f"{split}/{path.name}" not in listed:
+                path.unlink()
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+@dataclasses.dataclass
+class ShardFile:
+    """One .bin file of a split, opened for reading: tokens memory-mapped, document starts loaded."""
+
+    path: Path
+    domain: str
+    tokens: np.ndarray  # memmap of the flat ids
+    starts: np.ndarray  # int64 start of each document, then the file's length
+    first_doc: int  # index of this file's first document among all documents of the split
+    ids_path: Path
+
+    @property
+    def documents(self) -> int:
+        return len(self.starts) - 1
+
+
+def read_index(shard_dir: str | Path) -> dict:
+    """The index of a shard directory; DataError when missing (not shards, or tokenize did not finish)."""
+    path = Path(shard_dir) / INDEX_FILE
+    if not path.is_file():
+        raise DataError(f"{path}: no index: not a token shard directory, or 'groundup data tokenize' "
+                        "did not finish (the index is written last)")
+    index = read_json(path)
+    if index.get("format") != FORMAT:
+        raise DataError(f"{path}: format {index.get('format')!r} is not {FORMAT!r}")
+    return index
+
+
+def check_tokenizer(index: dict, expected_hash: str | None, where: str | Path) -> None:
+    """Refuse shards made by another tokenizer than the run's (naming both hashes)."""
+    if expected_hash is not None and index.get("tokenizer_hash") != expected_hash:
+        raise DataError(f"{where}: token shards were made by tokenizer {index.get('tokenizer_hash')}, but this "
+                        f"run uses tokenizer {expected_hash}; re-run 'groundup data tokenize' with the run's "
+                        "tokenizer")
+
+
+def open_split(shard_dir: str | Path, split: str, index: dict | None = None) -> list[ShardFile]:
+    """Open every file of `split` (train or val), checking each file's size against the index."""
+    shard_dir = Path(shard_dir)
+    index = index or read_index(shard_dir)
+    if split not in index["splits"]:
+        raise DataError(f"{shard_dir}: no split {split!r}; the index has {', '.join(index['splits'])}")
+    dtype = np.dtype(index["dtype"]).newbyteorder("<")
+    files, first = [], 0
+    for entry in index["splits"][split]["shards"]:
+        path = shard_dir / entry["file"]
+        size = path.stat().st_size if path.is_file() else -1
+        if size != entry["tokens"] * dtype.itemsize:
+            raise DataError(f"{path}: {'missing' if size < 0 else f'{size:,} bytes'}, but the index says "
+                            f"{entry['tokens']:,} tokens of {dtype.name}: the shard directory is damaged")
+        starts = np.load(shard_dir / entry["offsets"], allow_pickle=False)
+        tokens = np.memmap(path, dtype=dtype, mode="r")
+        files.append(ShardFile(path, entry["domain"], tokens, starts, first, shard_dir / entry["ids"]))
+        first += len(starts) - 1
+    return files
+
+
+def document_ids(files: list[ShardFile], docs: list[int]) -> list[str]:
+    """Record ids of documents numbered as `ShardFile.first_doc` counts them (reads the ids files)."""
+    wanted, found = set(docs), {}
+    for f in files:
+        hits = [d for d in wanted if f.first_doc <= d < f.first_doc + f.documents]
+        if hits:
+            with open(f.ids_path, encoding="utf-8") as fh:
+                lines = fh.readlines()
+            found.update({d: json.loads(lines[d - f.first_doc]) for d in hits})
+    return [found.get(d, f"#{d}") for d in docs]
+
+
+# ----------------------------------------------------------------------------- command
+
+
+def tokenize_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tokenizer", required=True, type=Path, help="tokenizer directory (groundup tokenizer train)")
+    p.add_argument("--input", required=True, nargs="+", type=Path, help="files or directories of text records")
+    p.add_argument("--out", required=True, type=Path, help="directory for index.json, train/ and val/")
+    p.add_argument("--val-fraction", type=float, default=None, help="share of documents for validation (0.01)")
+    p.add_argument("--workers", type=int, default=None, help="encoding processes (default: one per core)")
+    p.add_argument("--config", type=Path, default=None, help="TOML file with TokenizeConfig keys")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("overrides", nargs="*", help="key=value over the config, e.g. shard_tokens=1000000")
+
+
+def tokenize(args: argparse.Namespace) -> None:
+    extra = [f"{k}={v}" for k, v in (("val_fraction", args.val_fraction), ("workers", args.workers)) if v is not None]
+    cfg = load_config(TokenizeConfig, args.config, [*args.overrides, *extra])
+    index = tokenize_to_shards(args.input, args.tokenizer, args.out, cfg, progress=not args.quiet)
+    mb = index["bytes"] / 1e6
+    print(f"{args.out}: {index['tokens']:,} tokens ({index['dtype']}) from {index['documents']:,} documents, "
+          f"{mb:.1f} MB of text in {index['seconds']:.1f} s ({mb / max(index['seconds'], 1e-9):.1f} MB/s)")
+    for split in SPLITS:
+        info = index["splits"][split]
+        domains = ", ".join(f"{d} {c['tokens']:,}" for d, c in sorted(info["domains"].items()))
+        print(f"  {split}: {info['documents']:,} documents, {info['tokens']:,} tokens ({domains})")
+    if index["skipped_empty"]:
+        print(f"  skipped {index['skipped_empty']:,} records with empty text")
+    read = index["read"]
+    problems = read["bad_json"] + read["no_text"] + read["invalid_utf8"] + read["too_long"]
+    if problems:
+        print(f"  input problems: {read['bad_json']} bad JSON, {read['no_text']} without text, "
+              f"{read['invalid_utf8']} invalid UTF-8 (replaced), {read['too_long']} too long; first: "
+              + "; ".join((read["bad_json_examples"] + read["no_text_examples"] + read["invalid_utf8_examples"])[:3]))
