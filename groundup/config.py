@@ -44,9 +44,9 @@ def fail(key: str, value: Any, expected: str) -> typing.NoReturn:
     raise ConfigError(f"{key} = {value!r}: expected {expected}", key=key)
 
 
-def _suggest(word: str, candidates: typing.Iterable[str]) -> str:
+def _suggest(word: str, candidates: typing.Iterable[str], prefix: str = "") -> str:
     close = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)
-    return f" (did you mean '{close[0]}'?)" if close else ""
+    return f" (did you mean '{prefix}{close[0]}'?)" if close else ""
 
 
 # ----------------------------------------------------------------------------- reading
@@ -192,7 +192,7 @@ def from_dict(cls: type[T], data: dict, prefix: str = "") -> T:
     for key, value in data.items():
         if key not in known:
             raise ConfigError(
-                f"unknown key '{prefix}{key}'{_suggest(key, known)}; valid keys here: "
+                f"unknown key '{prefix}{key}'{_suggest(key, known, prefix)}; valid keys here: "
                 + ", ".join(sorted(known)),
                 key=prefix + key,
             )
@@ -202,8 +202,9 @@ def from_dict(cls: type[T], data: dict, prefix: str = "") -> T:
         try:
             obj.validate()
         except ConfigError as e:
-            if prefix and e.key and not e.key.startswith(prefix):
-                raise ConfigError(str(e).replace(e.key, prefix + e.key), key=prefix + e.key) from None
+            message = str(e)
+            if prefix and e.key and message.startswith(e.key):  # name the key as the user wrote it
+                raise ConfigError(prefix + message, key=prefix + e.key) from None
             raise
     return obj
 

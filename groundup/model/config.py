@@ -1,0 +1,172 @@
+"""The model's configuration: every architectural choice in one typed, validated dataclass.
+
+A TOML `[model]` table overrides the defaults; `preset = "ladder-100m"` starts from a named preset
+(see presets.py) and the other keys override it. `validate()` rejects impossible combinations
+before any tensor is allocated, naming the key, the value and what is expected.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from groundup.config import ConfigError, fail
+
+
+@dataclass
+class ModelConfig:
+    name: str = "custom"
+    vocab_size: int = 32768
+    d_model: int = 768
+    n_layers: int = 12
+    n_heads: int = 12
+    n_kv_heads: int | None = None  # None: = n_heads (MHA); 1: MQA; in between: GQA
+    head_dim: int | None = None  # None: d_model // n_heads
+    max_seq_len: int = 2048
+
+    # Attention
+    attention: Literal["gqa", "mla"] = "gqa"  # "gqa" covers MHA/GQA/MQA through n_kv_heads
+    rope_theta: float = 10000.0
+    rope_scaling: Literal["none", "linear", "ntk"] = "none"  # for contexts longer than trained on
+    rope_scaling_factor: float = 1.0
+    qk_norm: bool = False  # RMSNorm on q and k per head (OLMo 2, Qwen3)
+    attn_logit_softcap: float = 0.0  # 0 = off; Gemma 2 uses 50
+    # Multi-head latent attention (DeepSeek-V2); used when attention = "mla"
+    q_lora_rank: int = 0  # 0: queries are projected directly (V2-Lite)
+    kv_lora_rank: int = 512  # the compressed latent the KV cache stores
+    qk_nope_head_dim: int = 128
+    qk_rope_head_dim: int = 64  # the decoupled RoPE key, shared by all heads
+    v_head_dim: int = 128
+
+    # Feed-forward
+    mlp: Literal["swiglu", "geglu", "gelu", "relu2"] = "swiglu"
+    d_ff: int | None = None  # None: 8/3*d (gated) or 4*d, rounded up to ffn_multiple_of
+    ffn_multiple_of: int = 256
+    # Mixture of experts; n_experts = 0 is a dense model
+    n_experts: int = 0
+    moe_top_k: int = 2
+    n_shared_experts: int = 0
+    moe_d_ff: int | None = None  # None: the dense d_ff
+    n_dense_layers: int = 0  # the first k layers stay dense (DeepSeek keeps layer 0 dense)
+    moe_router: Literal["softmax", "sigmoid"] = "softmax"  # sigmoid: DeepSeek-V3
+    moe_norm_topk: bool = True  # renormalise the top-k gate weights to sum to 1
+    moe_aux_loss_coef: float = 0.0  # Switch-style load-balancing loss; 0 = off
+    moe_bias_update_rate: float = 1e-3  # auxiliary-loss-free balancing (DeepSeek-V3); 0 = off
+
+    # Normalisation
+    norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
+    norm_eps: float = 1e-5
+    norm_placement: Literal["pre", "post", "sandwich"] = "pre"  # sandwich: Gemma 2
+
+    # Embeddings and output
+    tie_embeddings: bool = False
+    embed_scale: bool = False  # multiply embeddings by sqrt(d_model) (Gemma)
+    final_logit_softcap: float = 0.0  # 0 = off; Gemma 2 uses 30
+    bias: bool = False  # biases in linear layers and LayerNorm (GPT-2)
+    dropout: float = 0.0
+
+    # Initialisation: "normal" = N(0, init_std) with residual projections scaled by
+    # 1/sqrt(2*n_layers) (GPT-2); the others are the torch.nn.init schemes of the same names.
+    init: Literal["normal", "trunc_normal", "xavier", "kaiming", "lecun"] = "normal"
+    init_std: float = 0.02
+
+    # Loss
+    z_loss_coef: float = 0.0  # PaLM uses 1e-4 on log(Z)^2
+    loss_chunk_size: int = 2048  # rows per chunk of the fused output-layer + loss; 0 = plain
+
+    # ------------------------------------------------------------------ derived sizes
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_heads or self.n_heads
+
+    @property
+    def attn_head_dim(self) -> int:
+        return self.head_dim or self.d_model // self.n_heads
+
+    @property
+    def gated(self) -> bool:
+        return self.mlp in ("swiglu", "geglu")
+
+    @property
+    def ffn_dim(self) -> int:
+        if self.d_ff:
+            return self.d_ff
+        hidden = 8 * self.d_model / 3 if self.gated else 4 * self.d_model
+        m = self.ffn_multiple_of
+        return m * math.ceil(hidden / m)
+
+    @property
+    def expert_ffn_dim(self) -> int:
+        return self.moe_d_ff or self.ffn_dim
+
+    def is_moe_layer(self, layer: int) -> bool:
+        return self.n_experts > 0 and layer >= self.n_dense_layers
+
+    # ------------------------------------------------------------------ config protocol
+
+    @classmethod
+    def preprocess(cls, data: dict, prefix: str = "") -> dict:
+        """Expand `preset = NAME` into the preset's values; explicit keys override them."""
+        if "preset" not in data:
+            return data
+        from groundup.model.presets import PRESETS
+
+        name = data.pop("preset")
+        if name not in PRESETS:
+            import difflib
+
+            close = difflib.get_close_matches(str(name), PRESETS, n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise ConfigError(f"{prefix}preset = {name!r}: unknown preset{hint}; known: {', '.join(PRESETS)}",
+                              key=prefix + "preset")
+        return {**PRESETS[name], "name": name, **data}
+
+    def validate(self) -> None:
+        for key in ("vocab_size", "d_model", "n_layers", "n_heads", "max_seq_len", "ffn_multiple_of"):
+            if getattr(self, key) <= 0:
+                fail(key, getattr(self, key), "a positive integer")
+        if self.n_kv_heads is not None and not 1 <= self.n_kv_heads <= self.n_heads:
+            fail("n_kv_heads", self.n_kv_heads, f"between 1 and n_heads ({self.n_heads})")
+        if self.n_heads % self.kv_heads:
+            fail("n_kv_heads", self.n_kv_heads, f"a divisor of n_heads ({self.n_heads})")
+        if self.attention == "gqa":
+            if self.head_dim is None and self.d_model % self.n_heads:
+                fail("n_heads", self.n_heads, f"a divisor of d_model ({self.d_model}), or set head_dim")
+            if self.attn_head_dim % 2:
+                fail("head_dim" if self.head_dim else "n_heads", self.head_dim or self.n_heads,
+                     f"an even head dimension for RoPE (d_model / n_heads = {self.attn_head_dim})")
+        else:
+            for key in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+                if getattr(self, key) <= 0:
+                    fail(key, getattr(self, key), "a positive integer for attention = 'mla'")
+            if self.qk_rope_head_dim % 2:
+                fail("qk_rope_head_dim", self.qk_rope_head_dim, "an even number (RoPE rotates pairs)")
+            if self.q_lora_rank < 0:
+                fail("q_lora_rank", self.q_lora_rank, "0 (no query compression) or a positive rank")
+            if self.qk_norm:
+                fail("qk_norm", True, "false with attention = 'mla' (MLA normalises its latents instead)")
+        if self.rope_scaling_factor < 1:
+            fail("rope_scaling_factor", self.rope_scaling_factor, "a number >= 1")
+        for key in ("attn_logit_softcap", "final_logit_softcap", "z_loss_coef", "moe_aux_loss_coef",
+                    "moe_bias_update_rate", "norm_eps", "init_std"):
+            if getattr(self, key) < 0:
+                fail(key, getattr(self, key), "a number >= 0")
+        if not 0 <= self.dropout < 1:
+            fail("dropout", self.dropout, "a number in [0, 1)")
+        if self.d_ff is not None and self.d_ff <= 0:
+            fail("d_ff", self.d_ff, "a positive integer")
+        if self.loss_chunk_size < 0:
+            fail("loss_chunk_size", self.loss_chunk_size, "0 (plain loss) or a positive chunk size")
+        if self.n_experts:
+            if self.n_experts < 2:
+                fail("n_experts", self.n_experts, "0 (dense) or at least 2")
+            if not 1 <= self.moe_top_k <= self.n_experts:
+                fail("moe_top_k", self.moe_top_k, f"between 1 and n_experts ({self.n_experts})")
+            if not 0 <= self.n_dense_layers <= self.n_layers:
+                fail("n_dense_layers", self.n_dense_layers, f"between 0 and n_layers ({self.n_layers})")
+            if self.moe_d_ff is not None and self.moe_d_ff <= 0:
+                fail("moe_d_ff", self.moe_d_ff, "a positive integer")
+        elif self.n_shared_experts:
+            fail("n_shared_experts", self.n_shared_experts, "0 when n_experts = 0 (a dense model)")

@@ -1,0 +1,83 @@
+"""Model directories: weights in safetensors (no pickle) and the resolved config in TOML.
+
+    OUT/model.safetensors   every persistent tensor (tied output weights stored once)
+    OUT/model.toml          the ModelConfig, loadable by `groundup model info OUT/model.toml`
+
+Loading never runs code from the files: safetensors holds raw tensors, TOML holds values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save
+
+from groundup.config import from_dict, read_toml, save_config
+from groundup.errors import CheckpointError
+from groundup.io import atomic_open
+from groundup.model.config import ModelConfig
+from groundup.model.transformer import Transformer
+
+WEIGHTS_FILE = "model.safetensors"
+CONFIG_FILE = "model.toml"
+
+
+def save_weights(model: Transformer, path: str | Path, metadata: dict | None = None) -> None:
+    """Write the model's persistent tensors to a safetensors file, atomically."""
+    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    meta = {"format": "pt", "groundup_model_config": json.dumps(dataclasses.asdict(model.cfg))}
+    meta.update({k: str(v) for k, v in (metadata or {}).items()})
+    with atomic_open(path, "wb") as f:
+        f.write(save(state, metadata=meta))
+
+
+def save_model(model: Transformer, out_dir: str | Path, metadata: dict | None = None) -> Path:
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    save_weights(model, out_dir / WEIGHTS_FILE, metadata)
+    save_config(model.cfg, out_dir / CONFIG_FILE)
+    return out_dir
+
+
+def load_model_config(model_dir: str | Path) -> ModelConfig:
+    path = Path(model_dir) / CONFIG_FILE
+    if not path.is_file():
+        raise CheckpointError(f"{model_dir}: no {CONFIG_FILE} (not a groundup model directory)")
+    return from_dict(ModelConfig, read_toml(path))
+
+
+def load_state(path: str | Path, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: weights file not found")
+    try:
+        return load_file(str(path), device=str(device))
+    except (SafetensorError, OSError, ValueError) as e:
+        raise CheckpointError(f"{path}: unreadable safetensors file ({e})") from None
+
+
+def build_from_state(cfg: ModelConfig, state: dict[str, torch.Tensor], device: str | torch.device = "cpu",
+                     dtype: torch.dtype | None = None, source: str = "weights") -> Transformer:
+    """A model with exactly `state`'s tensors, built without a wasted random initialisation."""
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    try:
+        model.load_state_dict(state, strict=True, assign=True)
+    except RuntimeError as e:
+        raise CheckpointError(f"{source} do not match the model config: {e}") from None
+    model.reset_buffers()  # the RoPE tables and MoE statistics are not in the file
+    model.to(device=device, dtype=dtype)
+    model.reset_buffers()  # RoPE tables stay float32 whatever the weights' dtype
+    return model
+
+
+def load_model(model_dir: str | Path, device: str | torch.device = "cpu",
+               dtype: torch.dtype | None = None) -> Transformer:
+    model_dir = Path(model_dir)
+    cfg = load_model_config(model_dir)
+    state = load_state(model_dir / WEIGHTS_FILE, device)
+    return build_from_state(cfg, state, device, dtype, source=str(model_dir / WEIGHTS_FILE))
