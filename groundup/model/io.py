@@ -81,3 +81,38 @@ def load_model(model_dir: str | Path, device: str | torch.device = "cpu",
     cfg = load_model_config(model_dir)
     state = load_state(model_dir / WEIGHTS_FILE, device)
     return build_from_state(cfg, state, device, dtype, source=str(model_dir / WEIGHTS_FILE))
+
+
+LATEST_POINTER = "latest"  # RUN/checkpoints/latest holds the name of the newest complete step dir
+TOKENIZER_DIR = "tokenizer"
+
+
+def resolve_model_dir(path: str | Path) -> Path:
+    """The model directory behind what a user passes as `--checkpoint`.
+
+    Accepts a model directory (model.safetensors + model.toml, e.g. a demo's OUT/model or one
+    checkpoint step directory), or a training run directory, whose `checkpoints/latest` pointer
+    names the newest complete checkpoint.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"{path}: no such checkpoint or run directory")
+    if (path / WEIGHTS_FILE).is_file():
+        return path
+    pointer = path / "checkpoints" / LATEST_POINTER
+    if pointer.is_file():
+        step_dir = path / "checkpoints" / pointer.read_text().strip()
+        if (step_dir / WEIGHTS_FILE).is_file():
+            return step_dir
+        raise CheckpointError(f"{pointer} names {step_dir.name}, which holds no {WEIGHTS_FILE}")
+    raise CheckpointError(f"{path}: neither a model directory ({WEIGHTS_FILE} + {CONFIG_FILE}) nor a run "
+                          f"directory with checkpoints/{LATEST_POINTER}")
+
+
+def find_tokenizer_dir(model_dir: str | Path) -> Path | None:
+    """The tokenizer saved with a model: MODEL/tokenizer, or RUN/tokenizer for a run's checkpoint."""
+    model_dir = Path(model_dir)
+    for candidate in (model_dir / TOKENIZER_DIR, model_dir.parent.parent / TOKENIZER_DIR):
+        if (candidate / "tokenizer.json").is_file():
+            return candidate
+    return None
