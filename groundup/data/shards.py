@@ -415,9 +415,8 @@ def tokenize(args: argparse.Namespace) -> None:
         print(f"  {split}: {info['documents']:,} documents, {info['tokens']:,} tokens ({domains})")
     if index["skipped_empty"]:
         print(f"  skipped {index['skipped_empty']:,} records with empty text")
-    read = index["read"]
-    problems = read["bad_json"] + read["no_text"] + read["invalid_utf8"] + read["too_long"]
-    if problems:
-        print(f"  input problems: {read['bad_json']} bad JSON, {read['no_text']} without text, "
-              f"{read['invalid_utf8']} invalid UTF-8 (replaced), {read['too_long']} too long; first: "
-              + "; ".join((read["bad_json_examples"] + read["no_text_examples"] + read["invalid_utf8_examples"])[:3]))
+    from groundup.data.readers import ReadStats
+
+    read = ReadStats(**index["read"])
+    examples = read.bad_json_examples + read.no_text_examples + read.invalid_utf8_examples + read.too_long_examples
+    print(f"  read: {read.summary()}" + "".join(f"\n    {e}" for e in examples[:3]))
