@@ -151,8 +151,8 @@ class _Splitter:
     """Routes documents to splits, holding back the lowest- and highest-scoring ones until the end
     so that each split can be guaranteed a document without a second pass over the input."""
 
-    def __init__(self, val_fraction: float):
-        self.fraction = val_fraction
+    def __init__(self, val_fraction: float, where: str):
+        self.fraction, self.where = val_fraction, where
         self.low: _Doc | None = None
         self.high: _Doc | None = None
         self.seen = collections.Counter()
@@ -177,7 +177,7 @@ class _Splitter:
     def finish(self) -> Iterator[tuple[str, _Doc]]:
         if self.low is None or self.low is self.high:
             n = 0 if self.low is None else 1
-            raise DataError(f"{n} non-empty document(s) in the input: need at least 2, one for training "
+            raise DataError(f"{self.where}: {n} non-empty document(s): need at least 2, one for training "
                             "and one for validation")
         low, high = self.natural(self.low), self.natural(self.high)
         counts = self.seen + collections.Counter([low, high])
@@ -275,7 +275,7 @@ def tokenize_to_shards(inputs: list[str | Path], tokenizer, out: str | Path, cfg
     start = time.perf_counter()
     stats, metas, skipped = ReadStats(), collections.deque(), collections.Counter()
     records = iter_records(inputs, stats, cfg.default_domain)
-    shards, splitter, order = _ShardSet(out, cfg.shard_tokens), _Splitter(cfg.val_fraction), 0
+    shards, splitter, order = _ShardSet(out, cfg.shard_tokens), _Splitter(cfg.val_fraction, ", ".join(map(str, inputs))), 0
     bar = tqdm(desc="tokenize", unit="B", unit_scale=True, disable=not progress)
     try:
         for arrays in encode_batches(tok, _batches(records, cfg, metas, skipped), cfg.workers):
