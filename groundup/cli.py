@@ -19,7 +19,7 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("data", "sample"), "groundup.corpus.commands:sample", "write the embedded corpus (Shakespeare, stdlib code, math) as JSONL"),
     (("tokenizer", "train"), "groundup.tokenizer.commands:train", "train the byte-level BPE tokenizer on text records"),
     (("tokenizer", "stats"), "groundup.tokenizer.commands:stats", "bytes per token per domain, vocabulary use, longest tokens"),
-    (("data", "tokenize"), "groundup.data.shards:tokenize", "encode text records into token shards with a train/val split"),
+    (("data", "tokenize"), "groundup.tokenizer.commands:tokenize", "encode text records into token shards with a train/val split"),
     (("model", "info"), "groundup.model.commands:info", "parameters, FLOPs, weight and KV-cache bytes of a preset or config"),
 ]
 

@@ -162,13 +162,13 @@ def test_a_crash_never_leaves_a_complete_looking_output(tok, corpus, tmp_path, m
     assert (out / INDEX_FILE).is_file()
     import groundup.tokenizer.parallel as parallel
 
-    def failing(tok, batches, workers=0):
+    def failing(tok, batches, fn, workers=0):
         for i, batch in enumerate(batches):
             if i == 2:
                 raise RuntimeError("disk on fire")
-            yield [tok.encode_to_numpy(t) for t in batch]
+            yield fn(tok, batch)
 
-    monkeypatch.setattr(parallel, "encode_batches", failing)
+    monkeypatch.setattr(parallel, "map_batches", failing)
     with pytest.raises(RuntimeError, match="disk on fire"):
         tokenize_to_shards([corpus[0]], tok, out, TokenizeConfig(shard_tokens=50_000, batch_bytes=100_000),
                            progress=False)

@@ -1,6 +1,7 @@
-"""Token shards: flat token files, their index, and `groundup data tokenize` that writes them.
+"""Token shards: flat token files, their index, writing them (`groundup data tokenize`) and reading them.
 
-    groundup data tokenize --tokenizer out/tokenizer --input out/curated/shards --out out/tokens
+    index = tokenize_to_shards(["out/curated/shards"], "out/tokenizer", "out/tokens")
+    (the function behind `groundup data tokenize`, whose command line is in groundup/tokenizer/commands.py)
 
 Layout of the output directory:
 
@@ -30,9 +31,9 @@ if val would be empty, the highest-scoring to train if train would be.
 
 from __future__ import annotations
 
-import argparse
 import collections
 import dataclasses
+import functools
 import json
 import re
 import time
@@ -42,7 +43,7 @@ from typing import Iterator
 import numpy as np
 import xxhash
 
-from groundup.config import fail, load_config
+from groundup.config import fail
 from groundup.errors import DataError
 from groundup.io import atomic_open, atomic_write_json, ensure_writable_dir, read_json
 
@@ -79,7 +80,11 @@ def token_dtype(vocab_size: int) -> np.dtype:
 
 def document_score(text: str, seed: int = 0) -> float:
     """Where a document falls in [0, 1): the split rule and the tokenizer's held-out set use it."""
-    return xxhash.xxh64_intdigest(text.encode("utf-8", "surrogatepass"), seed) / 2.0**64
+    return _score(text.encode("utf-8", "surrogatepass"), seed)
+
+
+def _score(data: bytes, seed: int) -> float:
+    return xxhash.xxh64_intdigest(data, seed) / 2.0**64
 
 
 # ----------------------------------------------------------------------------- writing
@@ -119,20 +124,32 @@ class _ShardWriter:
         self._ctx = atomic_open(self.out / f"{self.name}.bin", "wb")
         self._file = self._ctx.__enter__()
         self.starts, self.ids, self.counts = [0], [], _counts()
+        self.buffer: list[np.ndarray] = []
+        self.buffered = 0
+
+    def _flush(self) -> None:
+        # One write per megatoken: per-document writes of short documents cost more than encoding them.
+        if self.buffer:
+            self._file.write(np.concatenate(self.buffer).tobytes())
+            self.buffer, self.buffered = [], 0
 
     def add(self, doc: _Doc) -> None:
         if self._file is None:
             self._open()
-        self._file.write(doc.tokens.tobytes())
+        self.buffer.append(doc.tokens)
+        self.buffered += len(doc.tokens)
         self.starts.append(self.starts[-1] + len(doc.tokens))
         self.ids.append(doc.id)
         _add_counts(self.counts, doc)
+        if self.buffered >= 1 << 20:
+            self._flush()
         if self.counts["tokens"] >= self.limit:
             self.close()
 
     def close(self) -> None:
         if self._file is None:
             return
+        self._flush()
         self._ctx.__exit__(None, None, None)  # fsync and rename the .bin into place
         with atomic_open(self.out / f"{self.name}.docs.npy", "wb") as f:
             np.save(f, np.asarray(self.starts, dtype=np.int64))
@@ -241,11 +258,9 @@ def _batches(records, cfg: TokenizeConfig, metas: collections.deque, skipped: co
         if not text:
             skipped["empty"] += 1
             continue
-        data = text.encode("utf-8", "surrogatepass")
-        meta.append((record["id"], record["source"], record["domain"], len(data),
-                     xxhash.xxh64_intdigest(data, cfg.seed) / 2.0**64))
+        meta.append((record["id"], record["source"], record["domain"]))
         texts.append(text)
-        size += len(data)
+        size += len(text)
         if size >= cfg.batch_bytes:
             metas.append(meta)
             yield texts
@@ -255,6 +270,20 @@ def _batches(records, cfg: TokenizeConfig, metas: collections.deque, skipped: co
         yield texts
 
 
+def _encode_documents(tok, texts: list[str], seed: int, dtype: str) -> tuple[np.ndarray, ...]:
+    """In a worker: the batch's tokens with an end-of-text after each document, and per document
+    its token count (end-of-text included), UTF-8 bytes and split score."""
+    arrays, nbytes, scores = [], [], []
+    eot = np.array([tok.eot_id], dtype=np.uint32)
+    for text in texts:
+        data = text.encode("utf-8", "surrogatepass")  # a lone surrogate counts as the 3 bytes of U+FFFD
+        nbytes.append(len(data))
+        scores.append(_score(data, seed))
+        arrays += [tok.encode_to_numpy(text), eot]
+    lengths = np.array([len(a) + 1 for a in arrays[::2]], dtype=np.int64)
+    return np.concatenate(arrays).astype(dtype), lengths, np.array(nbytes), np.array(scores)
+
+
 def tokenize_to_shards(inputs: list[str | Path], tokenizer, out: str | Path, cfg: TokenizeConfig | None = None,
                        progress: bool = True) -> dict:
     """Encode the records of `inputs` into token shards under `out`; returns the index written."""
@@ -262,7 +291,7 @@ def tokenize_to_shards(inputs: list[str | Path], tokenizer, out: str | Path, cfg
 
     from groundup.data.readers import ReadStats, iter_records
     from groundup.tokenizer import Tokenizer
-    from groundup.tokenizer.parallel import encode_batches
+    from groundup.tokenizer.parallel import map_batches
 
     cfg = cfg or TokenizeConfig()
     cfg.validate()
@@ -271,20 +300,24 @@ def tokenize_to_shards(inputs: list[str | Path], tokenizer, out: str | Path, cfg
     (out / INDEX_FILE).unlink(missing_ok=True)  # the old index must not vouch for files we replace
     for split in SPLITS:
         (out / split).mkdir(exist_ok=True)
-    dtype, eot = token_dtype(tok.vocab_size), np.array([tok.eot_id])
+    dtype = token_dtype(tok.vocab_size)
+    encode = functools.partial(_encode_documents, seed=cfg.seed, dtype=dtype.str)
     start = time.perf_counter()
     stats, metas, skipped = ReadStats(), collections.deque(), collections.Counter()
     records = iter_records(inputs, stats, cfg.default_domain)
     shards, splitter, order = _ShardSet(out, cfg.shard_tokens), _Splitter(cfg.val_fraction, ", ".join(map(str, inputs))), 0
     bar = tqdm(desc="tokenize", unit="B", unit_scale=True, disable=not progress)
     try:
-        for arrays in encode_batches(tok, _batches(records, cfg, metas, skipped), cfg.workers):
-            for tokens, (rid, source, domain, nbytes, score) in zip(arrays, metas.popleft()):
-                doc = _Doc(np.concatenate([tokens, eot]).astype(dtype), rid, source, domain, nbytes, score, order)
+        for tokens, lengths, nbytes, scores in map_batches(tok, _batches(records, cfg, metas, skipped), encode,
+                                                           cfg.workers):
+            ends = np.cumsum(lengths)
+            for k, (rid, source, domain) in enumerate(metas.popleft()):
+                doc = _Doc(tokens[ends[k] - lengths[k]:ends[k]], rid, source, domain, int(nbytes[k]),
+                           float(scores[k]), order)
                 order += 1
                 for split, d in splitter.add(doc):
                     shards.add(split, d)
-                bar.update(nbytes)
+            bar.update(int(nbytes.sum()))
         for split, d in splitter.finish():
             shards.add(split, d)
         splits = shards.close()
@@ -386,37 +419,3 @@ def document_ids(files: list[ShardFile], docs: list[int]) -> list[str]:
                 lines = fh.readlines()
             found.update({d: json.loads(lines[d - f.first_doc]) for d in hits})
     return [found.get(d, f"#{d}") for d in docs]
-
-
-# ----------------------------------------------------------------------------- command
-
-
-def tokenize_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--tokenizer", required=True, type=Path, help="tokenizer directory (groundup tokenizer train)")
-    p.add_argument("--input", required=True, nargs="+", type=Path, help="files or directories of text records")
-    p.add_argument("--out", required=True, type=Path, help="directory for index.json, train/ and val/")
-    p.add_argument("--val-fraction", type=float, default=None, help="share of documents for validation (0.01)")
-    p.add_argument("--workers", type=int, default=None, help="encoding processes (default: one per core)")
-    p.add_argument("--config", type=Path, default=None, help="TOML file with TokenizeConfig keys")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.add_argument("overrides", nargs="*", help="key=value over the config, e.g. shard_tokens=1000000")
-
-
-def tokenize(args: argparse.Namespace) -> None:
-    extra = [f"{k}={v}" for k, v in (("val_fraction", args.val_fraction), ("workers", args.workers)) if v is not None]
-    cfg = load_config(TokenizeConfig, args.config, [*args.overrides, *extra])
-    index = tokenize_to_shards(args.input, args.tokenizer, args.out, cfg, progress=not args.quiet)
-    mb = index["bytes"] / 1e6
-    print(f"{args.out}: {index['tokens']:,} tokens ({index['dtype']}) from {index['documents']:,} documents, "
-          f"{mb:.1f} MB of text in {index['seconds']:.1f} s ({mb / max(index['seconds'], 1e-9):.1f} MB/s)")
-    for split in SPLITS:
-        info = index["splits"][split]
-        domains = ", ".join(f"{d} {c['tokens']:,}" for d, c in sorted(info["domains"].items()))
-        print(f"  {split}: {info['documents']:,} documents, {info['tokens']:,} tokens ({domains})")
-    if index["skipped_empty"]:
-        print(f"  skipped {index['skipped_empty']:,} records with empty text")
-    from groundup.data.readers import ReadStats
-
-    read = ReadStats(**index["read"])
-    examples = read.bad_json_examples + read.no_text_examples + read.invalid_utf8_examples + read.too_long_examples
-    print(f"  read: {read.summary()}" + "".join(f"\n    {e}" for e in examples[:3]))

@@ -1,7 +1,8 @@
-"""`groundup tokenizer train` and `groundup tokenizer stats`.
+"""`groundup tokenizer train`, `groundup tokenizer stats` and `groundup data tokenize`.
 
     groundup tokenizer train --input out/curated/shards --vocab-size 8192 --out out/tokenizer
     groundup tokenizer stats --tokenizer out/tokenizer --input heldout.jsonl
+    groundup data tokenize --tokenizer out/tokenizer --input out/curated/shards --out out/tokens
 
 `train` keeps a deterministic share of documents out of training (`holdout_fraction`, chosen by the
 same text hash as `data tokenize`'s validation split, so with equal fraction and seed the held-out
@@ -112,3 +113,35 @@ def stats(args: argparse.Namespace) -> None:
     print(f"read: {read.summary()}")
     if args.json:
         atomic_write_json(args.json, {**report, "read": read.to_dict()})
+
+
+def tokenize_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tokenizer", required=True, type=Path, help="tokenizer directory (groundup tokenizer train)")
+    p.add_argument("--input", required=True, nargs="+", type=Path, help="files or directories of text records")
+    p.add_argument("--out", required=True, type=Path, help="directory for index.json, train/ and val/")
+    p.add_argument("--val-fraction", type=float, default=None, help="share of documents for validation (0.01)")
+    p.add_argument("--workers", type=int, default=None, help="encoding processes (default: one per core)")
+    p.add_argument("--config", type=Path, default=None, help="TOML file with TokenizeConfig keys")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("overrides", nargs="*", help="key=value over the config, e.g. shard_tokens=1000000")
+
+
+def tokenize(args: argparse.Namespace) -> None:
+    from groundup.data.readers import ReadStats
+    from groundup.data.shards import SPLITS, TokenizeConfig, tokenize_to_shards
+
+    extra = [f"{k}={v}" for k, v in (("val_fraction", args.val_fraction), ("workers", args.workers)) if v is not None]
+    cfg = load_config(TokenizeConfig, args.config, [*args.overrides, *extra])
+    index = tokenize_to_shards(args.input, args.tokenizer, args.out, cfg, progress=not args.quiet)
+    mb = index["bytes"] / 1e6
+    print(f"{args.out}: {index['tokens']:,} tokens ({index['dtype']}) from {index['documents']:,} documents, "
+          f"{mb:.1f} MB of text in {index['seconds']:.1f} s ({mb / max(index['seconds'], 1e-9):.1f} MB/s)")
+    for split in SPLITS:
+        info = index["splits"][split]
+        domains = ", ".join(f"{d} {c['tokens']:,}" for d, c in sorted(info["domains"].items()))
+        print(f"  {split}: {info['documents']:,} documents, {info['tokens']:,} tokens ({domains})")
+    if index["skipped_empty"]:
+        print(f"  skipped {index['skipped_empty']:,} records with empty text")
+    read = ReadStats(**index["read"])
+    examples = read.bad_json_examples + read.no_text_examples + read.invalid_utf8_examples + read.too_long_examples
+    print(f"  read: {read.summary()}" + "".join(f"\n    {e}" for e in examples[:3]))

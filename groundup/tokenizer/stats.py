@@ -14,7 +14,7 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from groundup.tokenizer.parallel import encode_batches
+from groundup.tokenizer.parallel import map_batches
 from groundup.tokenizer.tokenizer import Tokenizer
 
 
@@ -39,7 +39,7 @@ def tokenizer_stats(tok: Tokenizer, records: Iterable[dict], workers: int = 0, l
     counts = np.zeros(tok.vocab_size, dtype=np.int64)
     token_bytes = tok.token_bytes()
     done = 0
-    for arrays in encode_batches(tok, _batched_texts(records, domains, batch_bytes), workers):
+    for arrays in map_batches(tok, _batched_texts(records, domains, batch_bytes), workers=workers):
         for ids in arrays:
             entry = per.setdefault(domains[done], {"documents": 0, "bytes": 0, "tokens": 0})
             entry["documents"] += 1
