@@ -23,13 +23,22 @@ from groundup.io import atomic_write_json, ensure_writable_dir
 HELDOUT_LIMIT = 32 << 20  # held-out text kept in memory for the end-of-training statistics
 
 
+def _config_arguments(p: argparse.ArgumentParser, config: str, example: str) -> None:
+    p.add_argument("--config", type=Path, default=None, help=f"TOML file with {config} keys")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("overrides", nargs="*", help=f"key=value over the config, e.g. {example}")
+
+
+def _load_config(cls, args: argparse.Namespace, **flags):
+    """Defaults, then --config, then key=value arguments, then the dedicated flags that were given."""
+    return load_config(cls, args.config, [*args.overrides, *(f"{k}={v}" for k, v in flags.items() if v is not None)])
+
+
 def train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input", required=True, nargs="+", type=Path, help="files or directories of text records")
     p.add_argument("--out", required=True, type=Path, help="directory for tokenizer.json and its metadata")
     p.add_argument("--vocab-size", type=int, default=None, help="tokens including 256 bytes and 7 specials (32768)")
-    p.add_argument("--config", type=Path, default=None, help="TOML file with TokenizerConfig keys")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
-    p.add_argument("overrides", nargs="*", help="key=value over the config, e.g. digit_group=2")
+    _config_arguments(p, "TokenizerConfig", "digit_group=2")
 
 
 def train(args: argparse.Namespace) -> None:
@@ -40,8 +49,7 @@ def train(args: argparse.Namespace) -> None:
     from groundup.tokenizer.stats import format_stats, tokenizer_stats
     from groundup.tokenizer.train import TokenizerConfig, train_tokenizer
 
-    extra = [f"vocab_size={args.vocab_size}"] if args.vocab_size is not None else []
-    cfg = load_config(TokenizerConfig, args.config, [*args.overrides, *extra])
+    cfg = _load_config(TokenizerConfig, args, vocab_size=args.vocab_size)
     out = ensure_writable_dir(args.out)
     stats, heldout = ReadStats(), []
     held = {"bytes": 0, "documents": 0}
@@ -121,17 +129,14 @@ def tokenize_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, type=Path, help="directory for index.json, train/ and val/")
     p.add_argument("--val-fraction", type=float, default=None, help="share of documents for validation (0.01)")
     p.add_argument("--workers", type=int, default=None, help="encoding processes (default: one per core)")
-    p.add_argument("--config", type=Path, default=None, help="TOML file with TokenizeConfig keys")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.add_argument("overrides", nargs="*", help="key=value over the config, e.g. shard_tokens=1000000")
+    _config_arguments(p, "TokenizeConfig", "shard_tokens=1000000")
 
 
 def tokenize(args: argparse.Namespace) -> None:
     from groundup.data.readers import ReadStats
     from groundup.data.shards import SPLITS, TokenizeConfig, tokenize_to_shards
 
-    extra = [f"{k}={v}" for k, v in (("val_fraction", args.val_fraction), ("workers", args.workers)) if v is not None]
-    cfg = load_config(TokenizeConfig, args.config, [*args.overrides, *extra])
+    cfg = _load_config(TokenizeConfig, args, val_fraction=args.val_fraction, workers=args.workers)
     index = tokenize_to_shards(args.input, args.tokenizer, args.out, cfg, progress=not args.quiet)
     mb = index["bytes"] / 1e6
     print(f"{args.out}: {index['tokens']:,} tokens ({index['dtype']}) from {index['documents']:,} documents, "
