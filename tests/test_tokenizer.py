@@ -10,7 +10,13 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from tokenizer_helpers import SMALL_VOCAB, trained_tokenizer, trained_tokenizer_dir, write_jsonl  # noqa: E402
+from tokenizer_helpers import (  # noqa: E402
+    SMALL_VOCAB,
+    small_corpus,
+    trained_tokenizer,
+    trained_tokenizer_dir,
+    write_jsonl,
+)
 
 from groundup.cli import main  # noqa: E402
 from groundup.errors import ConfigError, DataError  # noqa: E402
@@ -204,6 +210,17 @@ def test_digit_groups_are_configurable():
     ids = tok2.encode("99999999 1234567")
     assert all(len(tok2.tokens[i]) <= 3 for i in ids)  # " " never joins digits; digits come in pairs at most
     assert max(len(t) for t in tok2.tokens if t.isdigit()) <= 2
+
+
+def test_training_on_chunks_equals_training_on_whole_texts(monkeypatch):
+    import groundup.tokenizer.train as train_module
+
+    texts = [r["text"] for r in small_corpus()[:60]]
+    cfg = TokenizerConfig(vocab_size=1024)
+    chunked = train_tokenizer(texts, cfg, progress=False)
+    monkeypatch.setattr(train_module, "CHUNK_CHARS", 10**9)
+    assert train_tokenizer(texts, cfg, progress=False).hash == chunked.hash
+    assert all("".join(train_module._chunks(t, 100)) == t for t in texts)
 
 
 def test_training_errors():

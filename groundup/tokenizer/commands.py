@@ -42,8 +42,6 @@ def train_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def train(args: argparse.Namespace) -> None:
-    from tqdm import tqdm
-
     from groundup.data.readers import ReadStats, iter_records
     from groundup.data.shards import document_score
     from groundup.tokenizer.stats import format_stats, tokenizer_stats
@@ -53,12 +51,10 @@ def train(args: argparse.Namespace) -> None:
     out = ensure_writable_dir(args.out)
     stats, heldout = ReadStats(), []
     held = {"bytes": 0, "documents": 0}
-    bar = tqdm(desc="read", unit="B", unit_scale=True, disable=args.quiet)
 
     def texts() -> Iterator[str]:
         for record in iter_records(args.input, stats):
             text = record["text"]
-            bar.update(len(text))
             if cfg.holdout_fraction and document_score(text, cfg.seed) < cfg.holdout_fraction:
                 held["documents"] += 1
                 if held["bytes"] < HELDOUT_LIMIT:
@@ -68,10 +64,7 @@ def train(args: argparse.Namespace) -> None:
             yield text
 
     start = time.perf_counter()
-    try:
-        tok = train_tokenizer(texts(), cfg, progress=not args.quiet)
-    finally:
-        bar.close()
+    tok = train_tokenizer(texts(), cfg, progress=not args.quiet)
     seconds = time.perf_counter() - start
     tok.meta["trained"].update(inputs=[str(p) for p in args.input], read=stats.to_dict(),
                                heldout_documents=held["documents"], total_seconds=round(seconds, 3))

@@ -13,6 +13,7 @@ counts them: 256 bytes + merges + 7 specials = vocab_size.
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
 from typing import Iterable, Iterator, Literal
 
@@ -50,18 +51,56 @@ class TokenizerConfig:
             fail("holdout_fraction", self.holdout_fraction, "a number in [0, 1)")
 
 
-class _Counted:
-    """Pass texts through, counting documents and UTF-8 bytes (the trainer consumes the iterator)."""
+# A newline followed by an ASCII letter is a piece boundary under every split pattern here (the
+# newline ends its piece, the letter starts one), so cutting texts there changes no word count.
+_SAFE_CUT = re.compile(r"\n[A-Za-z]")
+CHUNK_CHARS = 8192
 
-    def __init__(self, texts: Iterable[str]):
-        self.texts, self.documents, self.bytes = texts, 0, 0
+
+def _chunks(text: str, size: int) -> Iterator[str]:
+    """Cut a long text at safe boundaries into pieces of about `size` characters.
+
+    The trainer parallelises over the texts it is given and pulls them in buffers of 256, so a few
+    whole books would leave a core idle and make a progress bar jump to the end at once; 8 KB
+    pieces keep both cores busy (2.1 s instead of 5.7 s for Shakespeare at vocabulary 8,192 on an
+    idle machine) and give the identical vocabulary.
+    """
+    pos = 0
+    while len(text) - pos > size:
+        m = _SAFE_CUT.search(text, pos + size)
+        if m is None:
+            break
+        yield text[pos : m.start() + 1]
+        pos = m.start() + 1
+    yield text[pos:]
+
+
+class _Counted:
+    """Pass texts to the trainer in chunks, counting documents and bytes and showing progress.
+
+    The trainer pre-tokenizes and counts words as it pulls chunks, which is most of its time, so a
+    bar over the bytes pulled is its progress; then it computes the merges (a few seconds), which
+    is announced when the input runs out. The trainer's own bars are off: they only draw on a
+    terminal, and there they fight with this one for the line.
+    """
+
+    def __init__(self, texts: Iterable[str], progress: bool, merges: int):
+        from tqdm import tqdm
+
+        self.texts, self.documents, self.bytes, self.merges = texts, 0, 0, merges
+        self.bar = tqdm(desc="pre-tokenize", unit="B", unit_scale=True, disable=not progress)
 
     def __iter__(self) -> Iterator[str]:
         for text in self.texts:
             if text:
+                n = len(text.encode("utf-8", "surrogatepass"))
                 self.documents += 1
-                self.bytes += len(text.encode("utf-8"))
-                yield text
+                self.bytes += n
+                self.bar.update(n)
+                yield from _chunks(text, CHUNK_CHARS)
+        if not self.bar.disable:
+            self.bar.set_postfix_str(f"learning up to {self.merges:,} merges", refresh=True)
+        self.bar.close()
 
 
 def train_tokenizer(texts: Iterable[str], cfg: TokenizerConfig | None = None, progress: bool = True) -> Tokenizer:
@@ -80,11 +119,11 @@ def train_tokenizer(texts: Iterable[str], cfg: TokenizerConfig | None = None, pr
     trainer = trainers.BpeTrainer(
         vocab_size=cfg.vocab_size - len(SPECIAL_TOKENS),
         min_frequency=cfg.min_frequency,
-        show_progress=progress,
+        show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         max_token_length=cfg.max_token_bytes,
     )
-    counted = _Counted(texts)
+    counted = _Counted(texts, progress, cfg.vocab_size - MIN_VOCAB)
     start = time.perf_counter()
     hf.train_from_iterator(counted, trainer)
     seconds = time.perf_counter() - start
