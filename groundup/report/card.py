@@ -1,0 +1,84 @@
+"""`report.md` for a demo directory or a training run directory, from the files the stages wrote.
+
+Every section is optional: it appears when its input exists, so `groundup report RUN` works on a
+plain `groundup train` run (config, metrics, plots, evaluations) as well as on a demo directory,
+which adds the stage times, the curation table, tokenizer statistics, per-domain evaluation and
+sample generations.
+
+Demo directory layout (see groundup/demo/): stages.json, curated/report.json, tokenizer/,
+tokens/index.json, run/ (a training run), model/, eval.json, samples.json.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from pathlib import Path
+
+from groundup.io import atomic_write_text
+from groundup.report.plots import plot_training, read_metrics
+from groundup.report.sections import (curation_section, eval_section, model_section, samples_section,
+                                      stages_section, tokenizer_section, training_section)
+
+REPORT_FILE = "report.md"
+PLOTS_DIR = "plots"
+
+
+def _load(path: Path):
+    try:
+        return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+    except json.JSONDecodeError:
+        return None
+
+
+def _run_dir(root: Path) -> Path | None:
+    """The training run inside a demo directory, or the directory itself if it is a run."""
+    for candidate in (root, root / "run"):
+        if (candidate / "metrics.jsonl").is_file() or (candidate / "checkpoints").is_dir():
+            return candidate
+    return None
+
+
+def write_report(root: str | Path, title: str | None = None) -> Path:
+    """Write ROOT/report.md and ROOT/plots/*.png; returns the report's path."""
+    root = Path(root)
+    run = _run_dir(root)
+    parts = [f"# {title or 'groundup report'}: {root.name}", "",
+             f"Written {time.strftime('%Y-%m-%d %H:%M')} on {platform.machine()} "
+             f"({platform.processor() or platform.system()}), Python {platform.python_version()}.", ""]
+    stages = _load(root / "stages.json")
+    if stages:
+        parts += stages_section(stages)
+    curation = _load(root / "curated" / "report.json")
+    if curation:
+        parts += curation_section(curation)
+    tok_meta = _load(root / "tokenizer" / "groundup_tokenizer.json") or _load(root / "tokenizer" / "meta.json")
+    shards = _load(root / "tokens" / "index.json")
+    if tok_meta or shards:
+        parts += tokenizer_section(tok_meta, shards)
+    model_dir = root / "model" if (root / "model" / "model.toml").is_file() else None
+    if model_dir is None and run is not None:
+        from groundup.model.io import resolve_model_dir
+        from groundup.errors import CheckpointError
+
+        try:
+            model_dir = resolve_model_dir(run)
+        except CheckpointError:
+            model_dir = None
+    if model_dir is not None:
+        parts += model_section(model_dir)
+    if run is not None:
+        plots = plot_training(run / "metrics.jsonl", root / PLOTS_DIR)
+        train, evals, events = read_metrics(run / "metrics.jsonl")
+        parts += training_section(train, evals, events, {k: p.relative_to(root) for k, p in plots.items()},
+                                  _load(run / "summary.json"))
+    evaluation = _load(root / "eval.json")
+    if evaluation:
+        parts += eval_section(evaluation)
+    samples = _load(root / "samples.json")
+    if samples:
+        parts += samples_section(samples)
+    path = root / REPORT_FILE
+    atomic_write_text(path, "\n".join(parts).rstrip() + "\n")
+    return path

@@ -1,0 +1,166 @@
+"""The report card's sections: each turns one stage's output file into Markdown lines."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def _table(header: list[str], rows: list[list]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
+    out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return out + [""]
+
+
+def _mb(n: float) -> str:
+    return f"{n / 1e6:.2f} MB"
+
+
+def _num(n: float) -> str:
+    for div, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if abs(n) >= div:
+            return f"{n / div:.2f}{suffix}"
+    return f"{n:,.0f}"
+
+
+def stages_section(stages: dict) -> list[str]:
+    rows = [[v.get("title", k), f"{v['seconds']:.1f}"] for k, v in stages.items() if "seconds" in v]
+    total = sum(v["seconds"] for v in stages.values() if "seconds" in v)
+    return ["## Time per stage", ""] + _table(["stage", "seconds"], rows + [["**total**", f"**{total:.1f}**"]])
+
+
+def curation_section(report: dict) -> list[str]:
+    """Documents and bytes per source and per filter, dedup clusters and the achieved mix."""
+    out = ["## Curation", ""]
+    totals = report.get("totals") or {}
+    if totals:
+        out.append(f"{totals.get('docs_in', 0):,} documents ({_mb(totals.get('bytes_in', 0))}) in, "
+                   f"{totals.get('docs_out', 0):,} ({_mb(totals.get('bytes_out', 0))}) out.")
+        out.append("")
+    sources = report.get("sources") or {}
+    if sources:
+        out += ["### Per source", ""] + _table(
+            ["source", "docs in", "docs out", "bytes in", "bytes out"],
+            [[name, f"{s.get('docs_in', 0):,}", f"{s.get('docs_out', 0):,}", _mb(s.get("bytes_in", 0)),
+              _mb(s.get("bytes_out", 0))] for name, s in sources.items()])
+    filters = report.get("filters") or {}
+    if filters:
+        rows = []
+        for name, f in filters.items():
+            per_domain = f.get("domains") or {}
+            removed = ", ".join(f"{d}: {v.get('docs_removed', 0):,}" for d, v in per_domain.items()
+                                if v.get("docs_removed"))
+            rows.append([name, f"{f.get('docs_in', 0):,}", f"{f.get('docs_removed', 0):,}",
+                         _mb(f.get("bytes_removed", 0)), removed or "-"])
+        out += ["### Per filter", ""] + _table(["filter", "docs in", "docs removed", "bytes removed",
+                                                "removed by domain"], rows)
+    dedup = report.get("dedup") or {}
+    if dedup:
+        parts = []
+        for kind in ("exact", "minhash"):
+            d = dedup.get(kind) or {}
+            if d:
+                parts.append(f"{kind}: {d.get('docs_removed', 0):,} documents removed"
+                             + (f" in {d.get('clusters', 0):,} clusters" if "clusters" in d else ""))
+        if parts:
+            out += ["Deduplication: " + "; ".join(parts) + ".", ""]
+    mix = report.get("mix") or {}
+    achieved = mix.get("achieved") or {}
+    if achieved:
+        target = mix.get("target") or {}
+        out += ["### Mix", ""] + _table(
+            ["domain", "target", "achieved"],
+            [[d, f"{100 * target[d]:.1f}%" if d in target else "-", f"{100 * v:.1f}%"] for d, v in achieved.items()])
+    return out
+
+
+def tokenizer_section(meta: dict | None, shards: dict | None) -> list[str]:
+    out = ["## Tokenizer and token shards", ""]
+    if meta:
+        trained = meta.get("trained") or {}
+        out.append(f"Byte-level BPE, vocabulary {meta.get('vocab_size', 0):,}, hash `{meta.get('hash', '?')}`"
+                   + (f", trained on {_mb(trained['bytes'])} in {trained.get('total_seconds', 0):.1f} s."
+                      if trained.get("bytes") else "."))
+        out.append("")
+        stats = meta.get("heldout_stats")
+        if stats:
+            rows = [[d, f"{e['documents']:,}", f"{e['bytes_per_token']:.3f}" if e.get("bytes_per_token") else "-"]
+                    for d, e in [*stats["domains"].items(), ("all", stats["total"])]]
+            out += ["Bytes per token on held-out documents:", ""] + _table(["domain", "documents", "bytes/token"], rows)
+            out.append(f"Vocabulary used on held-out text: {100 * stats['vocab_used_share']:.1f}%. Longest tokens: "
+                       + ", ".join(f"`{t['text']!r}`" for t in stats.get("longest_tokens", [])[:6]) + ".")
+            out.append("")
+    if shards:
+        rows = []
+        for split, s in (shards.get("splits") or {}).items():
+            for domain, d in (s.get("domains") or {}).items():
+                rows.append([split, domain, f"{d['documents']:,}", f"{d['tokens']:,}", _mb(d["bytes"])])
+        out += ["Token shards:", ""] + _table(["split", "domain", "documents", "tokens", "bytes"], rows)
+    return out
+
+
+def model_section(model_dir: Path) -> list[str]:
+    from groundup.model.io import load_model_config
+    from groundup.model.sizing import model_summary
+
+    cfg = load_model_config(model_dir)
+    s = model_summary(cfg)
+    attn = "MLA" if cfg.attention == "mla" else f"{cfg.n_heads} heads / {cfg.kv_heads} KV heads"
+    return ["## Model", "",
+            f"`{cfg.name}`: {cfg.n_layers} layers, d_model {cfg.d_model}, {attn}, {cfg.mlp} FFN {cfg.ffn_dim}, "
+            f"context {cfg.max_seq_len}, vocabulary {cfg.vocab_size:,}"
+            + (", tied embeddings" if cfg.tie_embeddings else "") + ".", "",
+            f"{_num(s['params_total'])} parameters ({_num(s['params_total'] - s['params_embedding'])} "
+            f"non-embedding), {_num(s['flops_per_token'])} training FLOPs per token, "
+            f"{s['weights_bytes_bf16'] / 1e6:.1f} MB of bf16 weights, "
+            f"{s['kv_bytes_per_token']:,.0f} KV-cache bytes per token.", ""]
+
+
+def training_section(train: list[dict], evals: list[dict], events: list[dict], plots: dict[str, Path],
+                     summary: dict | None) -> list[str]:
+    out = ["## Training", ""]
+    if train:
+        last = train[-1]
+        speeds = [r["tokens_per_sec"] for r in train[1:] if r.get("tokens_per_sec")]
+        speed = sorted(speeds)[len(speeds) // 2] if speeds else None
+        out.append(f"{last.get('step', len(train)):,} steps, {last.get('tokens', 0):,} tokens; loss "
+                   f"{train[0]['loss']:.3f} at the first logged step, {last['loss']:.3f} at the last"
+                   + (f"; median {speed:,.0f} tokens/s" if speed else "")
+                   + (f", MFU {last['mfu']:.2f}" if last.get("mfu") is not None else "") + ".")
+        out.append("")
+    if evals:
+        rows = []
+        for e in evals:
+            domains = ", ".join(f"{k.split('/', 1)[1]} {v:.3f}" for k, v in e.items() if k.startswith("val_bpb/"))
+            rows.append([f"{e.get('step', '?'):,}", f"{e.get('tokens', 0):,}", f"{e['val_loss']:.4f}",
+                         f"{e['val_bpb']:.4f}" if e.get("val_bpb") is not None else "-", domains or "-"])
+        out += ["Validation during training:", ""] + _table(["step", "tokens", "val loss", "val bpb",
+                                                             "bpb by domain"], rows)
+    if events:
+        counts: dict[str, int] = {}
+        for e in events:
+            counts[e["event"]] = counts.get(e["event"], 0) + 1
+        out += ["Events: " + ", ".join(f"{k} x{v}" for k, v in counts.items()) + ".", ""]
+    for name, path in plots.items():
+        out += [f"![{name}]({path.as_posix()})", ""]
+    return out
+
+
+def eval_section(evaluation: dict) -> list[str]:
+    domains = evaluation.get("domains") or {}
+    rows = [[d, f"{v['loss']:.4f}", f"{v['bpb']:.4f}", f"{v.get('tokens', 0):,}"] for d, v in domains.items()]
+    if evaluation.get("all"):
+        a = evaluation["all"]
+        rows.append(["**all**", f"{a['loss']:.4f}", f"{a['bpb']:.4f}", f"{a.get('tokens', 0):,}"])
+    return ["## Evaluation (held-out validation split)", ""] + _table(
+        ["domain", "loss (nats/token)", "bits per byte", "tokens"], rows)
+
+
+def samples_section(samples: dict) -> list[str]:
+    out = ["## Samples", ""]
+    settings = samples.get("settings")
+    if settings:
+        out += [", ".join(f"{k} {v}" for k, v in settings.items()) + ".", ""]
+    for item in samples.get("samples", []):
+        out += [f"**{item['domain']}** prompt `{item['prompt'][:80]!r}`:", "", "```",
+                (item["prompt"] + item["completion"]).strip("\n"), "```", ""]
+    return out
