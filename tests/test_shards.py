@@ -160,6 +160,9 @@ def test_a_crash_never_leaves_a_complete_looking_output(tok, corpus, tmp_path, m
     out = tmp_path / "o"
     tokenize_to_shards([corpus[0]], tok, out, TokenizeConfig(shard_tokens=50_000), progress=False)
     assert (out / INDEX_FILE).is_file()
+    with pytest.raises(DataError, match="input not found"):  # failing before any write keeps the output
+        tokenize_to_shards([tmp_path / "typo.jsonl"], tok, out, progress=False)
+    assert read_index(out)["tokens"] > 0
     import groundup.tokenizer.parallel as parallel
 
     def failing(tok, batches, fn, workers=0):

@@ -14,7 +14,8 @@ Layout of the output directory:
 Each document is its tokens followed by the end-of-text id; a document never spans two files and
 each file holds one domain, so the loader can weight domains by choosing among files. Files are
 written under temporary names and renamed when complete; a previous index.json is deleted before
-anything else is written, so a crash never leaves an index vouching for half-written shards.
+the first file is renamed over its predecessor, so a crash never leaves an index vouching for
+files it does not describe.
 
 index.json keys: format, version, dtype, vocab_size, eot_id, bos_id, tokenizer_hash, tokenizer,
 val_fraction, seed, split_rule, tokens, documents, bytes, skipped_empty, read (the reader's counts of
@@ -150,6 +151,9 @@ class _ShardWriter:
         if self._file is None:
             return
         self._flush()
+        # An index from an earlier run must not vouch for the files about to be replaced; it is
+        # removed only now, so input that fails early leaves the earlier output intact.
+        (self.out / INDEX_FILE).unlink(missing_ok=True)
         self._ctx.__exit__(None, None, None)  # fsync and rename the .bin into place
         with atomic_open(self.out / f"{self.name}.docs.npy", "wb") as f:
             np.save(f, np.asarray(self.starts, dtype=np.int64))
@@ -297,7 +301,6 @@ def tokenize_to_shards(inputs: list[str | Path], tokenizer, out: str | Path, cfg
     cfg.validate()
     tok = tokenizer if isinstance(tokenizer, Tokenizer) else Tokenizer.load(tokenizer)
     out = ensure_writable_dir(out)
-    (out / INDEX_FILE).unlink(missing_ok=True)  # the old index must not vouch for files we replace
     for split in SPLITS:
         (out / split).mkdir(exist_ok=True)
     dtype = token_dtype(tok.vocab_size)

@@ -54,6 +54,8 @@ class Tokenizer:
         import tiktoken
 
         self.tokens = list(tokens)
+        if self.tokens[:256] != [bytes([b]) for b in range(256)]:
+            raise ValueError("tokenizer: ids 0-255 must be the 256 single bytes in byte order")
         self.pattern = pattern
         self.special_names = dict(special_names)
         self.specials = {name: len(self.tokens) + i for i, name in enumerate(self.special_names.values())}
