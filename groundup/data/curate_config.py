@@ -1,0 +1,276 @@
+"""`CurateConfig`: every knob of `groundup data curate`, with the published thresholds as defaults.
+
+Sections follow the filter families. Which filters judge which domain is the `[filters]` table:
+prose filters judge text, code filters judge code, and math has its own, because a prose filter
+applied to code removes all of it (see DESIGN.md). A domain with no entry passes unfiltered.
+
+    [filters]
+    text = ["gopher_quality", "gopher_repetition", "ngram_repetition"]   # add "c4", "fineweb"
+    code = ["code"]
+    math = ["math"]
+
+    [mixing]
+    weights = { code = 0.55, text = 0.25, math = 0.20 }
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Literal
+
+from groundup.config import fail
+
+FILTER_NAMES = ("gopher_quality", "gopher_repetition", "c4", "fineweb", "ngram_repetition", "code", "math")
+
+
+def _default_filters() -> dict[str, list[str]]:
+    return {
+        "text": ["gopher_quality", "gopher_repetition", "ngram_repetition"],
+        "code": ["code"],
+        "math": ["math"],
+    }
+
+
+@dataclass
+class ReadConfig:
+    max_record_bytes: int = 64 << 20  # longer JSONL lines are skipped and counted; longer files split
+    default_domain: str | None = None  # domain for records and text files that name none ("text")
+
+
+@dataclass
+class NormalizeConfig:
+    nfc: bool = True  # compose accents so that "é" is one code point whichever way it was typed
+    control_chars: bool = True  # drop C0/C1 controls except tab and newline (indentation survives)
+    line_endings: bool = True  # CRLF and CR become LF
+
+
+@dataclass
+class GopherQualityConfig:
+    """Rae et al. 2021 (Gopher), Table A1; the same rules and tokenisation as datatrove."""
+
+    min_doc_words: int = 50
+    max_doc_words: int = 100_000
+    min_avg_word_length: float = 3.0
+    max_avg_word_length: float = 10.0
+    max_symbol_word_ratio: float = 0.1  # "#" and "..." each, per word
+    max_bullet_lines_ratio: float = 0.9
+    max_ellipsis_lines_ratio: float = 0.3
+    min_alpha_words_ratio: float = 0.8  # words with at least one letter
+    min_stop_words: int = 2
+    stop_words: list[str] = field(default_factory=lambda: ["the", "be", "to", "of", "and", "that", "have", "with"])
+
+
+@dataclass
+class GopherRepetitionConfig:
+    dup_line_frac: float = 0.30
+    dup_para_frac: float = 0.30
+    dup_line_char_frac: float = 0.20
+    dup_para_char_frac: float = 0.20
+    top_ngram_sizes: list[int] = field(default_factory=lambda: [2, 3, 4])
+    top_ngram_fracs: list[float] = field(default_factory=lambda: [0.20, 0.18, 0.16])
+    dup_ngram_sizes: list[int] = field(default_factory=lambda: [5, 6, 7, 8, 9, 10])
+    dup_ngram_fracs: list[float] = field(default_factory=lambda: [0.15, 0.14, 0.13, 0.12, 0.11, 0.10])
+
+    def validate(self) -> None:
+        if len(self.top_ngram_sizes) != len(self.top_ngram_fracs):
+            fail("top_ngram_fracs", self.top_ngram_fracs, f"{len(self.top_ngram_sizes)} values, one per size")
+        if len(self.dup_ngram_sizes) != len(self.dup_ngram_fracs):
+            fail("dup_ngram_fracs", self.dup_ngram_fracs, f"{len(self.dup_ngram_sizes)} values, one per size")
+
+
+@dataclass
+class C4Config:
+    """Raffel et al. 2020 (C4): keeps only lines that look like sentences; can drop the page."""
+
+    min_words_per_line: int = 3
+    min_sentences: int = 5
+    max_word_length: int = 1000
+    terminal_punctuation: bool = True
+    remove_citations: bool = True
+    lorem_ipsum: bool = True
+    javascript: bool = True
+    curly_bracket: bool = True
+    policy: bool = True
+
+
+@dataclass
+class FineWebConfig:
+    """Penedo et al. 2024 (FineWeb) quality rules, as datatrove's FineWebQualityFilter."""
+
+    line_punct_thr: float = 0.12  # at least this fraction of lines end in terminal punctuation
+    line_punct_exclude_zero: bool = False
+    short_line_thr: float = 0.67  # at most this fraction of lines are short
+    short_line_length: int = 30
+    char_duplicates_ratio: float = 0.01  # characters in duplicated lines / all characters
+    new_line_ratio: float = 0.3  # newlines per word
+
+
+@dataclass
+class NgramRepetitionConfig:
+    n: int = 5
+    max_repeated_fraction: float = 0.15  # word n-grams that already occurred earlier in the document
+
+
+@dataclass
+class CodeFilterConfig:
+    """The Stack / StarCoder style rules; `drop_*` act on what the reader recognised by path."""
+
+    max_line_length: int = 1000
+    max_mean_line_length: float = 100.0
+    min_alnum_fraction: float = 0.25
+    min_byte_entropy: float = 2.5  # bits per byte: below is a repeated pattern or padding
+    max_byte_entropy: float = 6.0  # above is base64, compressed or random data, not code
+    min_chars: int = 20
+    drop_vendored: bool = True
+    drop_generated: bool = True
+    drop_minified: bool = True
+    generated_markers: list[str] = field(default_factory=lambda: [
+        "auto-generated", "autogenerated", "automatically generated", "generated by", "do not edit",
+        "code generated"])
+    marker_lines: int = 5  # generated-file markers are looked for in the first lines only
+
+
+@dataclass
+class MathFilterConfig:
+    min_chars: int = 20
+    max_chars: int = 200_000
+    min_digit_fraction: float = 0.01  # a math document has numbers in it
+    max_symbol_fraction: float = 0.5  # characters neither letter, digit nor space
+    max_line_length: int = 2000
+    require_pattern: str = ""  # a regex each document must match, e.g. "Answer:"
+
+
+@dataclass
+class PIIConfig:
+    enabled: bool = True
+    email: bool = True
+    ip: bool = True
+    phone: bool = True
+    public_ips_only: bool = True  # 127.0.0.1 or 192.168.0.1 identify nobody (as datatrove)
+    domains: list[str] = field(default_factory=lambda: ["text", "code", "math"])
+    email_placeholder: str = "<EMAIL>"
+    ip_placeholder: str = "<IP_ADDRESS>"
+    phone_placeholder: str = "<PHONE>"
+
+
+@dataclass
+class URLFilterConfig:
+    enabled: bool = True
+    blocked_domains: list[str] = field(default_factory=list)  # a domain blocks its subdomains too
+    blocked_words: list[str] = field(default_factory=lambda: ["porn", "xxx", "casino", "viagra", "escort"])
+    soft_words_min: int = 2  # ... or at least this many different blocked words anywhere in the URL
+
+
+@dataclass
+class ClassifierConfig:
+    model: str | None = None  # a file written by `groundup data train-classifier`; none: off
+    domains: list[str] = field(default_factory=lambda: ["text"])
+    threshold: float = 0.5  # keep documents whose score is at least this
+    top_fraction: float | None = None  # or keep this fraction of best-scored documents per domain
+
+    def validate(self) -> None:
+        if self.top_fraction is not None and not 0 < self.top_fraction <= 1:
+            fail("top_fraction", self.top_fraction, "a number in (0, 1]")
+
+
+@dataclass
+class ExactDedupConfig:
+    enabled: bool = True
+
+
+@dataclass
+class MinHashConfig:
+    enabled: bool = True
+    ngram: int = 5  # word n-gram shingles
+    bands: int = 14
+    rows: int = 8  # 14 x 8 as datatrove: pairs at Jaccard 0.8 collide with probability 0.92+
+    seed: int = 1
+    memory_mb: int = 256  # band keys are bucketed so that one pass holds at most about this much
+
+    def validate(self) -> None:
+        for key in ("ngram", "bands", "rows", "memory_mb"):
+            if getattr(self, key) < 1:
+                fail(key, getattr(self, key), "at least 1")
+
+
+@dataclass
+class DedupConfig:
+    exact: ExactDedupConfig = field(default_factory=ExactDedupConfig)
+    minhash: MinHashConfig = field(default_factory=MinHashConfig)
+    cluster_examples: int = 5  # clusters shown in the report, largest first
+
+
+@dataclass
+class MixingConfig:
+    weights: dict[str, float] = field(default_factory=dict)  # domain -> share of output bytes; empty: no mixing
+    max_repeats: int = 4  # no document is written more often than this
+    total_bytes: int | None = None  # none: the deduplicated size, or less if repeats cap it
+
+    def validate(self) -> None:
+        if any(w < 0 for w in self.weights.values()):
+            fail("weights", self.weights, "non-negative weights")
+        if self.weights and sum(self.weights.values()) <= 0:
+            fail("weights", self.weights, "at least one positive weight")
+        if self.max_repeats < 1:
+            fail("max_repeats", self.max_repeats, "at least 1")
+
+
+@dataclass
+class OutputConfig:
+    format: Literal["parquet", "jsonl"] = "parquet"
+    shard_docs: int = 20_000  # a shard closes at this many documents ...
+    shard_bytes: int = 64 << 20  # ... or this many bytes of text, whichever comes first
+    compression: Literal["zstd", "snappy", "gzip", "none"] = "zstd"
+    shuffle: bool = True  # shuffle rows within each output shard (seeded), so repeats are spread
+    examples: int = 5  # removed documents shown per filter in the report
+    snippet_chars: int = 300
+
+    def validate(self) -> None:
+        if self.shard_docs < 1 or self.shard_bytes < 1:
+            fail("shard_docs", self.shard_docs, "shard_docs and shard_bytes of at least 1")
+
+
+@dataclass
+class CurateConfig:
+    seed: int = 0
+    workers: int = 1
+    filters: dict[str, list[str]] = field(default_factory=_default_filters)
+    read: ReadConfig = field(default_factory=ReadConfig)
+    normalize: NormalizeConfig = field(default_factory=NormalizeConfig)
+    gopher_quality: GopherQualityConfig = field(default_factory=GopherQualityConfig)
+    gopher_repetition: GopherRepetitionConfig = field(default_factory=GopherRepetitionConfig)
+    c4: C4Config = field(default_factory=C4Config)
+    fineweb: FineWebConfig = field(default_factory=FineWebConfig)
+    ngram_repetition: NgramRepetitionConfig = field(default_factory=NgramRepetitionConfig)
+    code: CodeFilterConfig = field(default_factory=CodeFilterConfig)
+    math: MathFilterConfig = field(default_factory=MathFilterConfig)
+    pii: PIIConfig = field(default_factory=PIIConfig)
+    url: URLFilterConfig = field(default_factory=URLFilterConfig)
+    classifier: ClassifierConfig = field(default_factory=ClassifierConfig)
+    dedup: DedupConfig = field(default_factory=DedupConfig)
+    mixing: MixingConfig = field(default_factory=MixingConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
+
+    @classmethod
+    def preprocess(cls, data: dict, prefix: str = "") -> dict:
+        # `filters.text=[...]` replaces one domain's list and keeps the others' defaults.
+        if isinstance(data.get("filters"), dict):
+            data["filters"] = {**_default_filters(), **data["filters"]}
+        return data
+
+    def validate(self) -> None:
+        if self.workers < 1:
+            fail("workers", self.workers, "at least 1")
+        for domain, names in self.filters.items():
+            for name in names:
+                if name not in FILTER_NAMES:
+                    fail(f"filters.{domain}", names, "filter names from " + ", ".join(FILTER_NAMES))
+
+
+def fingerprint_dict(cfg: CurateConfig) -> dict:
+    """The settings that decide which shards a run writes: a restart with other values would mix
+    two runs, so the pipeline compares these. Workers only change speed."""
+    data = dataclasses.asdict(cfg)
+    data.pop("workers")
+    return data
