@@ -21,6 +21,7 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("tokenizer", "stats"), "groundup.tokenizer.commands:stats", "bytes per token per domain, vocabulary use, longest tokens"),
     (("data", "tokenize"), "groundup.tokenizer.commands:tokenize", "encode text records into token shards with a train/val split"),
     (("model", "info"), "groundup.model.commands:info", "parameters, FLOPs, weight and KV-cache bytes of a preset or config"),
+    (("train",), "groundup.train.commands:train", "pretrain on token shards: exact resume, stability guards, DDP/FSDP2 under torchrun"),
 ]
 
 GROUP_HELP = {

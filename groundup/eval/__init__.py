@@ -1,0 +1,1 @@
+"""Evaluation: perplexity and bits-per-byte per domain (perplexity.py), and the task evaluations."""

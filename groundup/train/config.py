@@ -1,0 +1,216 @@
+"""Everything `groundup train` can be told, as one typed dataclass with a section per concern.
+
+    cfg = load_config(TrainConfig, "configs/train-tiny.toml", ["train.max_steps=500", "optim.name=muon"])
+
+Every default works for the `tiny` preset on a CPU. `train.max_steps` is the schedule's length: a
+run of 5 steps is a cheap throughput probe, and the learning-rate schedule scales to any length.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from groundup.config import ConfigError, config_diff, fail, from_dict
+from groundup.model.config import ModelConfig
+
+
+def _tiny() -> ModelConfig:
+    return from_dict(ModelConfig, {"preset": "tiny"})
+
+
+@dataclass
+class LoopConfig:
+    max_steps: int = 200  # optimizer steps; the schedule's length
+    batch_size: int = 8  # sequences per micro-batch on each process
+    grad_accum: int = 1  # micro-batches per optimizer step
+    seq_len: int = 256  # tokens per sequence (at most model.max_seq_len)
+    seed: int = 0  # model init, data order and dropout
+    device: str = "auto"  # auto: cuda when available, else cpu
+    threads: int = 0  # torch CPU threads; 0: leave torch's choice (set it for bit-exact reruns across machines)
+    compile: bool = False  # torch.compile the model (slow start, faster steps on GPU)
+    grad_checkpointing: bool = False  # recompute block activations in backward (less memory)
+
+    def validate(self) -> None:
+        for key in ("max_steps", "batch_size", "grad_accum", "seq_len"):
+            if getattr(self, key) < 1:
+                fail(key, getattr(self, key), "a positive integer")
+        if self.threads < 0:
+            fail("threads", self.threads, "0 (torch's default) or a positive count")
+
+
+@dataclass
+class DataConfig:
+    shards: str = ""  # token-shard directory from `groundup data tokenize` (required)
+    tokenizer: str = ""  # tokenizer directory; empty: the one the shards' index.json names
+    domain_weights: dict[str, float] | None = None  # domain -> sampling weight; none: by token count
+    bos_aligned: bool = False  # one document per row, led by begin-of-text (see data/loader.py)
+    match_vocab: bool = True  # set model.vocab_size to the tokenizer's vocabulary size
+
+
+@dataclass
+class OptimConfig:
+    name: Literal["adamw", "muon", "lion"] = "adamw"
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])  # AdamW (and Muon's AdamW part)
+    eps: float = 1e-8
+    weight_decay: float = 0.1  # decoupled; Lion wants about 3-10x more (with 3-10x less lr)
+    decay_embeddings: bool = False  # norms and biases are never decayed; embeddings only if true
+    grad_clip: float = 1.0  # max global gradient norm; 0 = no clipping
+    implementation: Literal["auto", "fused", "foreach", "loop"] = "auto"  # AdamW kernel; auto: fused
+    muon_momentum: float = 0.95
+    muon_ns_steps: int = 5  # Newton-Schulz iterations
+    lion_betas: list[float] = field(default_factory=lambda: [0.9, 0.99])
+
+    def validate(self) -> None:
+        for key in ("betas", "lion_betas"):
+            value = getattr(self, key)
+            if len(value) != 2 or not all(0 <= b < 1 for b in value):
+                fail(key, value, "two numbers in [0, 1)")
+        for key in ("eps", "weight_decay", "grad_clip"):
+            if getattr(self, key) < 0:
+                fail(key, getattr(self, key), "a number >= 0")
+        if not 0 <= self.muon_momentum < 1:
+            fail("muon_momentum", self.muon_momentum, "a number in [0, 1)")
+        if self.muon_ns_steps < 1:
+            fail("muon_ns_steps", self.muon_ns_steps, "a positive integer")
+
+
+@dataclass
+class ScheduleConfig:
+    # Defaults of a published 12B run: 2000 warmup steps to 3e-4, cosine to 3e-5.
+    kind: Literal["cosine", "wsd", "constant"] = "cosine"
+    peak_lr: float = 3e-4
+    min_lr: float = 3e-5  # the floor cosine and WSD decay to
+    warmup_steps: int = 2000
+    warmup_max_fraction: float = 0.1  # a short run warms up for at most this share of max_steps
+    decay_fraction: float = 0.2  # WSD: the last share of steps that decays
+    decay_shape: Literal["linear", "cosine", "sqrt"] = "sqrt"  # WSD decay; sqrt: 1 - sqrt(progress)
+
+    def validate(self) -> None:
+        if self.peak_lr <= 0:
+            fail("peak_lr", self.peak_lr, "a positive number")
+        if not 0 <= self.min_lr <= self.peak_lr:
+            fail("min_lr", self.min_lr, f"a number in [0, peak_lr = {self.peak_lr}]")
+        if self.warmup_steps < 0:
+            fail("warmup_steps", self.warmup_steps, "an integer >= 0")
+        for key in ("warmup_max_fraction", "decay_fraction"):
+            if not 0 <= getattr(self, key) <= 1:
+                fail(key, getattr(self, key), "a number in [0, 1]")
+
+
+@dataclass
+class PrecisionConfig:
+    # auto: bf16-autocast on a GPU with bf16, fp32 elsewhere. bf16-weights: the model's weights
+    # and activations in bf16 (no autocast copies), fp32 master weights held for the optimizer.
+    mode: Literal["auto", "fp32", "bf16-autocast", "bf16-weights"] = "auto"
+    # How bf16 matmuls run on a CPU without native bf16 (no AVX-512-BF16/AMX): "native" calls
+    # torch's bf16 kernel; "fp32" multiplies the bf16 values in fp32 and rounds the result to
+    # bf16, which is what bf16 hardware computes (fp32 accumulation) and much faster there.
+    cpu_bf16_matmul: Literal["auto", "native", "fp32"] = "auto"
+
+
+@dataclass
+class CheckpointConfig:
+    every: int = 100  # steps between checkpoints; the final step is always saved
+    keep_last: int = 5  # recent checkpoints kept
+    keep_every: int = 10  # also keep every 10th checkpoint (step a multiple of every * keep_every); 0 = none
+
+    def validate(self) -> None:
+        if self.every < 1:
+            fail("every", self.every, "a positive integer")
+        if self.keep_last < 1:
+            fail("keep_last", self.keep_last, "a positive integer (the latest checkpoint is always kept)")
+        if self.keep_every < 0:
+            fail("keep_every", self.keep_every, "an integer >= 0")
+
+
+@dataclass
+class StabilityConfig:
+    spike_factor: float = 5.0  # skip a step whose grad norm exceeds this x the running median; 0 = off
+    spike_window: int = 100  # accepted steps the median is taken over
+    spike_min_history: int = 10  # judge spikes only once this many steps were accepted
+    repeat_ngram: int = 13  # data gate: n-gram length (tokens)
+    max_repeat_fraction: float = 0.15  # drop a sequence whose repeated n-grams exceed this share; 1 = off
+    rollback_after: int = 5  # consecutive skipped steps that trigger a rollback; 0 = never
+    rollback_lr_factor: float = 0.5  # learning rate multiplier applied at each rollback
+
+    def validate(self) -> None:
+        if self.spike_factor < 0 or 0 < self.spike_factor <= 1:
+            fail("spike_factor", self.spike_factor, "0 (off) or a number > 1")
+        for key in ("spike_window", "spike_min_history", "repeat_ngram"):
+            if getattr(self, key) < 1:
+                fail(key, getattr(self, key), "a positive integer")
+        if not 0 < self.max_repeat_fraction <= 1:
+            fail("max_repeat_fraction", self.max_repeat_fraction, "a number in (0, 1]")
+        if self.rollback_after < 0:
+            fail("rollback_after", self.rollback_after, "an integer >= 0")
+        if not 0 < self.rollback_lr_factor <= 1:
+            fail("rollback_lr_factor", self.rollback_lr_factor, "a number in (0, 1]")
+
+
+@dataclass
+class EvalConfig:
+    every: int = 100  # steps between validation passes; 0 = only at the end
+    max_batches: int = 20  # per domain; 0 = the whole validation split
+    batch_size: int = 0  # 0: train.batch_size
+    at_end: bool = True
+
+
+@dataclass
+class LogConfig:
+    every: int = 10  # steps between metrics.jsonl lines (and progress-bar updates)
+    progress: bool = True
+    peak_flops: float = 0.0  # per process, for MFU; 0: known accelerator table, or a CPU matmul measurement
+    tensorboard: bool = False  # write RUN/tensorboard (needs the tensorboard package)
+    wandb: bool = False  # log to Weights & Biases (needs wandb and a login)
+    wandb_project: str = "groundup"
+
+
+@dataclass
+class DistributedConfig:
+    # Chosen when launched by torchrun with more than one process; one process ignores it.
+    strategy: Literal["ddp", "fsdp"] = "ddp"
+    backend: Literal["auto", "nccl", "gloo"] = "auto"  # auto: nccl on GPUs, gloo on CPUs
+    meta_init: bool = False  # FSDP: build on the meta device and initialise shards in place (big models)
+
+
+@dataclass
+class TrainConfig:
+    model: ModelConfig = field(default_factory=_tiny)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: LoopConfig = field(default_factory=LoopConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    stability: StabilityConfig = field(default_factory=StabilityConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
+
+    @classmethod
+    def preprocess(cls, data: dict, prefix: str = "") -> dict:
+        # A [model] table without a preset starts from tiny, like the default, not from ModelConfig's
+        # bare defaults: `model.n_layers=4` on the command line means "tiny with 4 layers".
+        model = data.get("model")
+        if isinstance(model, dict) and "preset" not in model and "name" not in model:
+            data["model"] = {"preset": "tiny", **model}
+        return data
+
+    def validate(self) -> None:
+        if self.train.seq_len > self.model.max_seq_len:
+            raise ConfigError(f"train.seq_len = {self.train.seq_len}: expected at most model.max_seq_len "
+                              f"({self.model.max_seq_len})", key="train.seq_len")
+
+
+# Keys whose change makes a checkpoint meaningless for this run: resuming with any other change
+# (max_steps, lr, checkpoint/eval/log cadence, precision, strategy, batch split) is allowed and logged.
+# Moved shard or tokenizer directories are fine: the tokenizer hash and the loader state check the data.
+INCOMPATIBLE = ("model.", "data.bos_aligned", "data.domain_weights", "optim.name", "train.seq_len", "train.seed")
+
+
+def resume_differences(saved: TrainConfig, new: TrainConfig) -> tuple[list[str], list[str]]:
+    """(incompatible, allowed) differences between a run's saved config and the one resuming it."""
+    diff = config_diff(saved, new)
+    bad = [d for d in diff if d.startswith(INCOMPATIBLE)]
+    return bad, [d for d in diff if d not in bad]
