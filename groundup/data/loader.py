@@ -173,7 +173,8 @@ class TokenLoader:
         if self.bos_aligned:
             starts = d.doc_starts
         else:  # a fresh offset each epoch, so window edges fall elsewhere in the text
-            starts = (int(rng.integers(d.tokens)) + np.arange(max(1, (d.tokens - 1) // T), dtype=np.int64) * T) % d.tokens
+            offset = int(rng.integers(d.tokens))
+            starts = (offset + np.arange(max(1, (d.tokens - 1) // T), dtype=np.int64) * T) % d.tokens
         mine = starts[rng.permutation(len(starts))][self.rank :: self.world_size]
         mine = mine[: len(starts) // self.world_size]  # equal counts: ranks stay in step and disjoint
         if len(mine) == 0:
@@ -229,7 +230,8 @@ class TokenLoader:
         return {"split": self.split, "seq_len": self.seq_len, "batch_size": self.batch_size, "rank": self.rank,
                 "world_size": self.world_size, "seed": self.seed, "bos_aligned": self.bos_aligned,
                 "weights": {d: float(w) for d, w in self.weights.items()},
-                "tokenizer_hash": self.index["tokenizer_hash"], "tokens": int(self.index["splits"][self.split]["tokens"])}
+                "tokenizer_hash": self.index["tokenizer_hash"],
+                "tokens": int(self.index["splits"][self.split]["tokens"])}
 
     def state_dict(self) -> dict:
         """Position and settings as plain Python data (safe for torch.load(weights_only=True))."""

@@ -308,7 +308,8 @@ def tokenize_to_shards(inputs: list[str | Path], tokenizer, out: str | Path, cfg
     start = time.perf_counter()
     stats, metas, skipped = ReadStats(), collections.deque(), collections.Counter()
     records = iter_records(inputs, stats, cfg.default_domain)
-    shards, splitter, order = _ShardSet(out, cfg.shard_tokens), _Splitter(cfg.val_fraction, ", ".join(map(str, inputs))), 0
+    shards, order = _ShardSet(out, cfg.shard_tokens), 0
+    splitter = _Splitter(cfg.val_fraction, ", ".join(map(str, inputs)))
     bar = tqdm(desc="tokenize", unit="B", unit_scale=True, disable=not progress)
     try:
         for tokens, lengths, nbytes, scores in map_batches(tok, _batches(records, cfg, metas, skipped), encode,

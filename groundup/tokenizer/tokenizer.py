@@ -93,7 +93,8 @@ class Tokenizer:
         names = meta.get("special_tokens") or SPECIAL_TOKENS
         missing = [n for n in names.values() if n not in specials]
         if missing or len(specials) != len(names):
-            raise DataError(f"{file}: special tokens {sorted(specials)} do not match the expected {list(names.values())}")
+            raise DataError(f"{file}: special tokens {sorted(specials)} do not match the expected "
+                            f"{list(names.values())}")
         if [specials[n] for n in names.values()] != sorted(specials.values()):
             raise DataError(f"{file}: special tokens are not in the expected order {list(names.values())}")
         tok = cls(tokens, pattern, names, meta)
