@@ -17,6 +17,8 @@ from groundup.errors import GroundupError
 # (words, "module:function", one-line help). Keep in data-flow order.
 COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("data", "sample"), "groundup.corpus.commands:sample", "write the embedded corpus (Shakespeare, stdlib code, math) as JSONL"),
+    (("data", "curate"), "groundup.data.commands:curate", "filter, deduplicate, redact and mix raw data into curated shards"),
+    (("data", "train-classifier"), "groundup.data.commands:train_classifier", "train the fastText-style quality classifier"),
     (("tokenizer", "train"), "groundup.tokenizer.commands:train", "train the byte-level BPE tokenizer on text records"),
     (("tokenizer", "stats"), "groundup.tokenizer.commands:stats", "bytes per token per domain, vocabulary use, longest tokens"),
     (("data", "tokenize"), "groundup.tokenizer.commands:tokenize", "encode text records into token shards with a train/val split"),

@@ -187,6 +187,9 @@ class MinHashConfig:
     rows: int = 8  # 14 x 8 as datatrove: pairs at Jaccard 0.8 collide with probability 0.92+
     seed: int = 1
     memory_mb: int = 256  # band keys are bucketed so that one pass holds at most about this much
+    # Templated math problems that differ only in their numbers share most word 5-grams, yet each
+    # is a different exercise: near-duplicate removal would delete most of a generated math set.
+    domains: list[str] = field(default_factory=lambda: ["text", "code"])
 
     def validate(self) -> None:
         for key in ("ngram", "bands", "rows", "memory_mb"):

@@ -39,6 +39,17 @@ _PHONE = re.compile(
 )
 
 
+# Cheap tests that every match of the pattern above passes. Each starts with a literal character,
+# which the regex engine finds with a fast scan; the full patterns, whose lookbehinds make them
+# try every position, then run only on the few documents that pass.
+_HINTS = {
+    "email": re.compile(r"@[A-Za-z0-9-]+\."),
+    "ipv4": re.compile(r"\.\d{1,3}\.\d{1,3}\.\d"),
+    "ipv6": re.compile(r"::|:[0-9A-Fa-f]{1,4}:[0-9A-Fa-f]{1,4}:"),
+    "phone": re.compile(r"[-.]\d{4}(?!\d)|\+\d|\) ?\d{3}"),
+}
+
+
 def _ip_ok(text: str, public_only: bool) -> bool:
     if not any(c.isdigit() for c in text):  # "ab::cd:ef" parses as IPv6 but is a C++ or Rust path
         return False
@@ -71,13 +82,12 @@ class PIIRedactor:
 
             return pattern.sub(replace, text)
 
-        # Cheap substring tests first: most documents hold no "@" and no "::" at all.
-        if self.email and "@" in text:
+        if self.email and _HINTS["email"].search(text):
             text = sub("email", _EMAIL, text)
-        if self.ip:
+        if self.ip and _HINTS["ipv4"].search(text):
             text = sub("ip", _IPV4, text, lambda s: _ip_ok(s, self.public_ips_only))
-            if ":" in text:
-                text = sub("ip", _IPV6, text, lambda s: _ip_ok(s, self.public_ips_only))
-        if self.phone:
+        if self.ip and _HINTS["ipv6"].search(text):
+            text = sub("ip", _IPV6, text, lambda s: _ip_ok(s, self.public_ips_only))
+        if self.phone and _HINTS["phone"].search(text):
             text = sub("phone", _PHONE, text)
         return text, counts

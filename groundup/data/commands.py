@@ -1,0 +1,74 @@
+"""`groundup data curate` and `groundup data train-classifier`."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def curate_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--input", required=True, nargs="+", type=Path, metavar="PATH",
+                   help=".txt/.md/.jsonl(.gz/.zst)/.parquet files or directories (source code by extension)")
+    p.add_argument("--out", required=True, type=Path, help="output directory: shards/, report.json, report.md")
+    p.add_argument("--config", type=Path, default=None, help="TOML file over the defaults (see CurateConfig)")
+    p.add_argument("--workers", type=int, default=None, help="processes curating shards in parallel (workers=)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("overrides", nargs="*", metavar="section.key=value", help="settings over the config file")
+
+
+def curate(args: argparse.Namespace) -> None:
+    from groundup.config import load_config
+    from groundup.data.curate_config import CurateConfig
+    from groundup.data.pipeline import curate as run
+
+    overrides = list(args.overrides) + ([f"workers={args.workers}"] if args.workers is not None else [])
+    cfg = load_config(CurateConfig, args.config, overrides)
+    report = run(args.input, args.out, cfg, progress=not args.no_progress)
+    t, tm = report["totals"], report["timing"]
+    print(f"{t['docs_in']:,} documents ({t['bytes_in'] / 1e6:.1f} MB) in, {t['docs_kept']:,} kept, "
+          f"{t['docs_out']:,} ({t['bytes_out'] / 1e6:.1f} MB) written in {tm['total_s']:.1f} s")
+    for stage in report["stages"]:
+        if stage["removed_docs"]:
+            print(f"  {stage['name']:<24} removed {stage['removed_docs']:>7,} documents "
+                  f"({stage['removed_bytes'] / 1e6:.1f} MB) from {', '.join(stage['applies_to'])}")
+    mix = ", ".join(f"{d} {100 * c['share']:.1f}%" for d, c in report["mix"]["output"].items())
+    print(f"  mix (bytes out): {mix}")
+    print(f"{args.out / 'shards'}/, {args.out / 'report.md'}")
+
+
+def train_classifier_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--positive", required=True, nargs="+", type=Path, metavar="PATH", help="examples of good text")
+    p.add_argument("--negative", required=True, nargs="+", type=Path, metavar="PATH", help="examples of bad text")
+    p.add_argument("--out", required=True, type=Path, help="model file (.npz) for classifier.model=")
+    p.add_argument("--epochs", type=int, default=8)
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--bits", type=int, default=20, help="2^bits hashed feature buckets")
+    p.add_argument("--max-docs", type=int, default=None, help="at most this many documents per class")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def train_classifier(args: argparse.Namespace) -> None:
+    from groundup.data.classifier import FeatureSpec, train
+    from groundup.data.readers import iter_records
+    from groundup.errors import DataError
+
+    if not 8 <= args.bits <= 26:
+        raise DataError(f"--bits {args.bits}: expected 8..26")
+
+    def texts(paths: list[Path]) -> list[str]:
+        out = []
+        for record in iter_records(paths):
+            if record["text"].strip():
+                out.append(record["text"])
+                if args.max_docs and len(out) >= args.max_docs:
+                    break
+        return out
+
+    model = train(texts(args.positive), texts(args.negative), FeatureSpec(bits=args.bits), epochs=args.epochs,
+                  lr=args.lr, seed=args.seed)
+    model.save(args.out)
+    m = model.metrics
+    print(f"trained on {m['train_docs']:,} documents ({m['positive']:,} positive, {m['negative']:,} negative)")
+    if "heldout_accuracy" in m:
+        print(f"held-out ({m['heldout_docs']:,} documents): accuracy {m['heldout_accuracy']:.3f}, AUC {m['heldout_auc']:.3f}")
+    print(f"{args.out}: use with classifier.model={args.out}")

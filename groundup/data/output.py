@@ -1,0 +1,62 @@
+"""Write one curated output shard: `shards/part-NNNNN.parquet` (or `.jsonl`).
+
+Columns: id, source, domain, text, url (null when absent), language (code files), quality (the
+classifier's score, when one ran) and meta (the record's other fields as a JSON object). A
+document the mixing plan repeats appears several times, with rows shuffled (seeded) so copies
+are not adjacent. The file is written under a temporary name and renamed, and an existing part
+is left alone: the counts for the report are recomputed from the plan, which is deterministic.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from groundup.data.curate_config import CurateConfig
+from groundup.data.mixing import MixPlan
+from groundup.io import atomic_open
+
+OUTPUT_COLUMNS = ("id", "source", "domain", "text", "url", "language", "quality", "meta")
+
+
+def output_path(shards_dir: Path, index: int, fmt: str) -> Path:
+    return shards_dir / f"part-{index:05d}.{'parquet' if fmt == 'parquet' else 'jsonl'}"
+
+
+def write_output_shard(stage: Path, shards_dir: Path, index: int, keep: np.ndarray, plan: MixPlan,
+                       cfg: CurateConfig) -> dict:
+    """Returns {"path", "skipped", "docs", "by_domain", "by_source"} for the report."""
+    path = output_path(shards_dir, index, cfg.output.format)
+    columns = None if not path.exists() else ["id", "source", "domain", "nbytes"]
+    table = pq.read_table(stage, columns=columns)
+    ids = table.column("id").to_pylist()
+    domains = table.column("domain").to_pylist()
+    copies = np.array([plan.copies(ids[i], domains[i], cfg.seed, cfg.mixing.max_repeats) if keep[i] else 0
+                       for i in range(len(ids))], dtype=np.int64)
+    rows = np.repeat(np.arange(len(ids)), copies)
+    if cfg.output.shuffle and len(rows) > 1:
+        rows = np.random.default_rng([cfg.seed, index]).permutation(rows)
+    sizes = table.column("nbytes").to_numpy()
+    counts = {"by_domain": {}, "by_source": {}}
+    for group, column in (("by_domain", "domain"), ("by_source", "source")):
+        values = np.array(table.column(column).to_pylist(), dtype=object)
+        for value in sorted(set(values[rows].tolist())) if len(rows) else []:
+            sel = values[rows] == value
+            counts[group][value] = {"docs": int(sel.sum()), "bytes": int(sizes[rows][sel].sum())}
+    info = {"path": path.name, "skipped": columns is not None, "docs": int(len(rows)), **counts}
+    if columns is not None or len(rows) == 0:
+        return info
+    out = table.select(list(OUTPUT_COLUMNS)).take(pa.array(rows, type=pa.int64()))
+    if cfg.output.format == "parquet":
+        compression = None if cfg.output.compression == "none" else cfg.output.compression
+        with atomic_open(path, "wb") as f:
+            pq.write_table(out, f, compression=compression)
+    else:
+        with atomic_open(path, "w", encoding="utf-8") as f:
+            for row in out.to_pylist():
+                f.write(json.dumps({k: v for k, v in row.items() if v is not None}, ensure_ascii=False) + "\n")
+    return info
