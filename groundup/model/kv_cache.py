@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from groundup.model.attention import AttnMask, build_mask
 from groundup.model.config import ModelConfig
 
 
@@ -30,6 +31,20 @@ class LayerCache:
         return self.a.narrow(self.seq_dim, 0, end), self.b.narrow(self.seq_dim, 0, end)
 
 
+class StaticLayerCache:
+    """A layer's buffers written at a position held in a tensor, attended to in full (the caller
+    masks positions not yet written). Shapes never change and no Python int moves, so a compiled
+    decode step (torch.compile, CUDA graphs) serves every position without recompiling."""
+
+    def __init__(self, a: torch.Tensor, b: torch.Tensor, seq_dim: int, pos: torch.Tensor):
+        self.a, self.b, self.seq_dim, self.pos = a, b, seq_dim, pos
+
+    def update(self, a_new: torch.Tensor, b_new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.a.index_copy_(self.seq_dim, self.pos, a_new)
+        self.b.index_copy_(self.seq_dim, self.pos, b_new)
+        return self.a, self.b
+
+
 class KVCache:
     def __init__(self, cfg: ModelConfig, batch_size: int, max_len: int | None = None,
                  device: torch.device | str | None = None, dtype: torch.dtype = torch.float32,
@@ -37,7 +52,8 @@ class KVCache:
         self.max_len = max_len or cfg.max_seq_len
         self.batch_size = batch_size
         self.pos = 0
-        self.pad_lens = None if pad_lens is None else pad_lens.to(device=device, dtype=torch.long)
+        self.device = device
+        self.reset(pad_lens)
         B, L = batch_size, self.max_len
         self.layers: list[LayerCache] = []
         for _ in range(cfg.n_layers):
@@ -64,7 +80,17 @@ class KVCache:
 
     def reset(self, pad_lens: torch.Tensor | None = None) -> None:
         self.pos = 0
-        self.pad_lens = pad_lens
+        self.pad_lens = None if pad_lens is None else pad_lens.to(device=self.device, dtype=torch.long)
+        # Which cached positions are real tokens, per row: a decode step's mask is a slice of it,
+        # so padded batches build no mask per step.
+        self.key_valid = None if pad_lens is None else (
+            torch.arange(self.max_len, device=self.device)[None] >= self.pad_lens[:, None])[:, None, None]
+
+    def attn_mask(self, q_len: int) -> AttnMask:
+        """The mask for q_len queries at the current position (call after `prepare`)."""
+        if self.key_valid is not None and q_len == 1:
+            return AttnMask(causal=False, mask=self.key_valid[..., : self.pos + 1])
+        return build_mask(q_len, self.pos, self.pad_lens, self.device or "cpu")
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for layer in self.layers for t in (layer.a, layer.b))

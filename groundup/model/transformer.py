@@ -127,7 +127,8 @@ class Transformer(nn.Module):
 
     def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None, *,
                 cache: KVCache | None = None, pad_lens: torch.Tensor | None = None,
-                return_logits: bool | None = None) -> ModelOutput:
+                return_logits: bool | None = None, last_only: bool = False) -> ModelOutput:
+        """`last_only`: logits of the last position only (generation's prefill needs no others)."""
         B, T = tokens.shape
         cfg = self.cfg
         start = cache.prepare(T) if cache is not None else 0
@@ -144,7 +145,7 @@ class Transformer(nn.Module):
             pos = (torch.arange(start, start + T, device=tokens.device)[None] - pad_lens[:, None]).clamp_min(0)
             cos, sin = self.rope_cos[pos].unsqueeze(1), self.rope_sin[pos].unsqueeze(1)
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-        mask = build_mask(T, start, pad_lens, tokens.device)
+        mask = cache.attn_mask(T) if cache is not None else build_mask(T, start, pad_lens, tokens.device)
         aux_total = None
         for i, block in enumerate(self.blocks):
             layer_cache = cache.layers[i] if cache is not None else None
@@ -156,6 +157,8 @@ class Transformer(nn.Module):
                 aux_total = aux if aux_total is None else aux_total + aux
         if cache is not None:
             cache.advance(T)
+        if last_only:
+            x = x[:, -1:]
         if self.norm is not None:
             x = self.norm(x)
         return self._head(x, targets, aux_total, return_logits)

@@ -1,0 +1,132 @@
+"""`groundup generate` and `groundup chat`: the generation engine behind two commands."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from groundup.errors import DataError
+
+
+def _model_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--checkpoint", required=True,
+                   help="a model directory (with tokenizer/ inside) or a training run directory (uses its latest checkpoint)")
+    p.add_argument("--tokenizer", default=None, help="tokenizer directory (default: found beside the checkpoint)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default: cpu)")
+    p.add_argument("--dtype", default="float32", help="float32 or bfloat16 (default: float32)")
+    p.add_argument("--compile", action="store_true", help="torch.compile the decode step (static shapes; pays off on GPU)")
+
+
+def _sampling_arguments(p: argparse.ArgumentParser, max_new_tokens: int) -> None:
+    from groundup.infer.sampling import SamplingConfig
+
+    d = SamplingConfig()
+    g = p.add_argument_group("sampling")
+    g.add_argument("--max-new-tokens", type=int, default=max_new_tokens, help=f"(default: {max_new_tokens})")
+    g.add_argument("--temperature", type=float, default=d.temperature, help=f"0 = greedy (default: {d.temperature})")
+    g.add_argument("--top-k", type=int, default=d.top_k, help="keep the k most likely tokens; 0 = off (default)")
+    g.add_argument("--top-p", type=float, default=d.top_p, help="nucleus sampling, in (0, 1]; 1 = off (default)")
+    g.add_argument("--min-p", type=float, default=d.min_p, help="drop tokens below min_p x the top probability; 0 = off")
+    g.add_argument("--repetition-penalty", type=float, default=d.repetition_penalty, help="> 1 discourages repeats; 1 = off")
+    g.add_argument("--seed", type=int, default=d.seed, help=f"(default: {d.seed})")
+    g.add_argument("--stop", action="append", default=[], help="stop string (repeatable); cut from the output")
+    g.add_argument("--truncate", action="store_true",
+                   help="drop tokens from the start of a prompt too long for the context (default: error)")
+
+
+def _sampling(args: argparse.Namespace):
+    from groundup.infer.sampling import SamplingConfig
+
+    return SamplingConfig.make(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                               top_p=args.top_p, min_p=args.min_p, repetition_penalty=args.repetition_penalty,
+                               seed=args.seed, stop=args.stop, overflow="truncate" if args.truncate else "error")
+
+
+def _generator(args: argparse.Namespace):
+    from groundup.infer.engine import Generator
+
+    return Generator.from_checkpoint(args.checkpoint, device=args.device, dtype=args.dtype, compile=args.compile,
+                                     tokenizer=args.tokenizer)
+
+
+# ---------------------------------------------------------------------- generate
+
+
+def generate_arguments(p: argparse.ArgumentParser) -> None:
+    _model_arguments(p)
+    src = p.add_argument_group("prompts (one or both)")
+    src.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable)")
+    src.add_argument("--prompts-file", type=Path, default=None, help="a text file: one prompt per line; blank lines are skipped")
+    p.add_argument("--batch-size", type=int, default=8, help="prompts decoded together (default: 8)")
+    p.add_argument("--json", action="store_true", help="print one JSON object per completion instead of text")
+    _sampling_arguments(p, max_new_tokens=128)
+
+
+def _read_prompts(args: argparse.Namespace) -> list[str]:
+    prompts = list(args.prompt)
+    if args.prompts_file is not None:
+        try:
+            lines = args.prompts_file.read_text(encoding="utf-8").splitlines()
+        except FileNotFoundError:
+            raise DataError(f"{args.prompts_file}: prompts file not found") from None
+        except UnicodeDecodeError as e:
+            raise DataError(f"{args.prompts_file}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+        blank = sum(1 for line in lines if not line.strip())
+        prompts += [line for line in lines if line.strip()]
+        if blank:
+            print(f"{args.prompts_file}: skipped {blank} blank lines", file=sys.stderr)
+    if not prompts:
+        raise DataError("no prompts: pass --prompt TEXT or --prompts-file FILE")
+    return prompts
+
+
+def generate(args: argparse.Namespace) -> int:
+    if args.batch_size < 1:
+        raise DataError(f"--batch-size {args.batch_size}: expected a positive integer")
+    prompts = _read_prompts(args)
+    sampling = _sampling(args)
+    gen = _generator(args)
+    start, n_tokens = time.perf_counter(), 0
+    if len(prompts) == 1 and not args.json:  # one prompt: stream it as it is written
+        sys.stdout.write(prompts[0])
+        for piece in gen.stream(prompts[0], sampling):
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+        sys.stdout.write("\n")
+        n_tokens = None
+    else:
+        for first in range(0, len(prompts), args.batch_size):
+            batch = prompts[first : first + args.batch_size]
+            for i, (prompt, c) in enumerate(zip(batch, gen.complete(batch, sampling)), start=first):
+                n_tokens += len(c.token_ids)
+                if args.json:
+                    print(json.dumps({"index": i, "prompt": prompt, "completion": c.text,
+                                      "finish_reason": c.finish_reason, "prompt_tokens": c.prompt_tokens,
+                                      "completion_tokens": len(c.token_ids)}, ensure_ascii=False), flush=True)
+                else:
+                    print(f"{'' if i == 0 else chr(10)}--- {i}\n{prompt}{c.text}", flush=True)
+    seconds = time.perf_counter() - start
+    tokens = "" if n_tokens is None else f", {n_tokens} tokens ({n_tokens / seconds:.0f}/s)"
+    print(f"{len(prompts)} completion{'s' if len(prompts) > 1 else ''}{tokens} in {seconds:.1f}s", file=sys.stderr)
+    return 0
+
+
+# ---------------------------------------------------------------------- chat
+
+
+def chat_arguments(p: argparse.ArgumentParser) -> None:
+    _model_arguments(p)
+    p.add_argument("--system", default=None, help="a system message that starts every conversation")
+    _sampling_arguments(p, max_new_tokens=256)
+
+
+def chat(args: argparse.Namespace) -> int:
+    from groundup.infer.chat import ChatSession, run_chat
+
+    sampling = _sampling(args)
+    session = ChatSession(_generator(args), sampling, system=args.system)
+    run_chat(session, sys.stdin, sys.stdout)
+    return 0

@@ -1,0 +1,77 @@
+"""Load a model and its tokenizer for inference, refusing pairs that do not belong together.
+
+Accepted as the checkpoint: a model directory (model.safetensors + model.toml, tokenizer in
+MODEL/tokenizer) or a training run directory (its `checkpoints/latest`, tokenizer in RUN/tokenizer).
+A checkpoint written by `groundup train` records the tokenizer's hash in its meta.json; a tokenizer
+with another hash, or more tokens than the model has embeddings, is refused.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from groundup.config import ConfigError
+from groundup.errors import CheckpointError
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}
+
+
+def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise ConfigError(f"dtype = {dtype!r}: expected one of {', '.join(DTYPES)}", key="dtype")
+    return DTYPES[dtype]
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    """`auto` picks CUDA when present; asking for an absent CUDA is a clear error, not a crash later."""
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ConfigError(f"device = {device!r}: expected cpu, cuda, cuda:N or auto", key="device") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device = 'cuda': this torch has no CUDA device available (use --device cpu)",
+                          key="device")
+    return device
+
+
+def load_for_inference(path: str | Path, device: str | torch.device = "cpu", dtype: str | torch.dtype = "float32",
+                       tokenizer: str | Path | None = None):
+    """(model in eval mode, tokenizer) for a checkpoint path; see the module docstring."""
+    from groundup.model.io import find_tokenizer_dir, load_model, resolve_model_dir
+    from groundup.tokenizer import Tokenizer
+
+    device, dtype = resolve_device(device), resolve_dtype(dtype)
+    model_dir = resolve_model_dir(path)
+    tok_dir = Path(tokenizer) if tokenizer else find_tokenizer_dir(model_dir)
+    if tok_dir is None:
+        raise CheckpointError(f"{model_dir}: no tokenizer found beside the checkpoint (looked for "
+                              f"{model_dir / 'tokenizer'} and {model_dir.parent.parent / 'tokenizer'}); "
+                              "pass one with --tokenizer")
+    tok = Tokenizer.load(tok_dir)
+    recorded = _recorded_tokenizer_hash(model_dir)
+    if recorded and recorded != tok.hash:
+        raise CheckpointError(f"{tok_dir}: tokenizer hash {tok.hash} differs from {recorded}, the one "
+                              f"{model_dir} was trained with")
+    model = load_model(model_dir, device, dtype).eval()
+    if tok.vocab_size > model.cfg.vocab_size:
+        raise CheckpointError(f"{tok_dir} has {tok.vocab_size} tokens but {model_dir} embeds only "
+                              f"{model.cfg.vocab_size}: they were not trained together")
+    return model, tok
+
+
+def _recorded_tokenizer_hash(model_dir: Path) -> str | None:
+    meta = model_dir / "meta.json"
+    if not meta.is_file():
+        return None
+    try:
+        return json.loads(meta.read_text(encoding="utf-8")).get("tokenizer_hash")
+    except (json.JSONDecodeError, OSError, AttributeError):
+        return None  # the trainer verifies its own meta.json; here it only cross-checks
