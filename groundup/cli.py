@@ -23,11 +23,11 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("tokenizer", "stats"), "groundup.tokenizer.commands:stats", "bytes per token per domain, vocabulary use, longest tokens"),
     (("data", "tokenize"), "groundup.tokenizer.commands:tokenize", "encode text records into token shards with a train/val split"),
     (("model", "info"), "groundup.model.commands:info", "parameters, FLOPs, weight and KV-cache bytes of a preset or config"),
+    (("train",), "groundup.train.commands:train", "pretrain on token shards: exact resume, stability guards, DDP/FSDP2 under torchrun"),
     (("generate",), "groundup.infer.commands:generate", "complete prompts with a checkpoint (batched, streamed, sampled)"),
     (("chat",), "groundup.infer.commands:chat", "chat with a checkpoint in the terminal (chat template, /reset, /exit)"),
     (("export", "hf"), "groundup.interop.commands:export_hf", "write a checkpoint as a Hugging Face model directory"),
     (("import", "hf"), "groundup.interop.commands:import_hf", "turn a local Hugging Face model directory into a groundup model"),
-    (("train",), "groundup.train.commands:train", "pretrain on token shards: exact resume, stability guards, DDP/FSDP2 under torchrun"),
 ]
 
 GROUP_HELP = {
