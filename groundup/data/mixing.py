@@ -3,9 +3,11 @@
 Given the bytes B_d that survive curation in each domain and target shares p_d, the output size
 T is the deduplicated size (or `mixing.total_bytes`), lowered if some domain would need more than
 `max_repeats` copies of each of its documents: T = min(T0, min_d max_repeats * B_d / p_d). Each
-domain then has a rate r_d = p_d * T / B_d, and each document is written floor(r_d) times plus
-once more with probability frac(r_d), decided by a hash of its id and the seed, so the choice
-does not depend on shard boundaries or worker count and a rerun makes the same one.
+domain then has a rate r_d = p_d * T / B_d: every document is written floor(r_d) times, and
+documents taken in a seeded random order get one copy more until frac(r_d) * B_d bytes are
+covered. Choosing by bytes rather than by coin flips keeps the achieved share within one
+document of the target even when a domain has few, large documents; the order depends only on
+the seed and the document's position in the input, not on shards or workers.
 """
 
 from __future__ import annotations
@@ -13,25 +15,17 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-import xxhash
+import numpy as np
 
 from groundup.data.curate_config import MixingConfig
+from groundup.data.minhash import fmix64
 
 
 @dataclass
 class MixPlan:
-    rates: dict[str, float] = field(default_factory=dict)  # domain -> expected copies per document
+    rates: dict[str, float] = field(default_factory=dict)  # domain -> copies per document (expected)
     target_bytes: int = 0
     notes: list[str] = field(default_factory=list)
-
-    def copies(self, doc_id: str, domain: str, seed: int, max_repeats: int) -> int:
-        """How many times to write this document (0 drops it)."""
-        rate = self.rates.get(domain)
-        if rate is None:
-            return 1  # no mixing configured
-        whole = math.floor(rate)
-        u = xxhash.xxh3_64_intdigest(f"{seed}\0{doc_id}".encode("utf-8", errors="surrogatepass")) / 2.0**64
-        return min(max_repeats, whole + (1 if u < rate - whole else 0))
 
 
 def plan_mix(available: dict[str, int], cfg: MixingConfig) -> MixPlan:
@@ -61,3 +55,27 @@ def plan_mix(available: dict[str, int], cfg: MixingConfig) -> MixPlan:
     rates = {d: shares[d] * target / available[d] for d in shares}
     rates.update({d: 0.0 for d in available if d not in shares})
     return MixPlan(rates=rates, target_bytes=int(target), notes=notes)
+
+
+def assign_copies(plan: MixPlan, domains: np.ndarray, sizes: np.ndarray, alive: np.ndarray, seed: int,
+                  max_repeats: int) -> np.ndarray:
+    """Copies of every document (0 drops it) that realise `plan` over the surviving documents."""
+    copies = alive.astype(np.int16)
+    if not plan.rates:
+        return copies
+    with np.errstate(over="ignore"):
+        order_key = fmix64(np.arange(len(domains), dtype=np.uint64) + np.uint64(seed) * np.uint64(0x9E3779B97F4A7C15))
+    for domain in np.unique(domains[alive]):
+        rate = plan.rates.get(str(domain), 0.0)
+        sel = np.flatnonzero(alive & (domains == domain))
+        whole = math.floor(rate)
+        copies[sel] = whole
+        budget = (rate - whole) * sizes[sel].sum()
+        if budget > 0:
+            order = sel[np.argsort(order_key[sel], kind="stable")]
+            covered = np.cumsum(sizes[order])
+            n = int(np.searchsorted(covered, budget, side="right"))
+            if n < len(order) and covered[n] - budget < budget - (covered[n - 1] if n else 0):
+                n += 1  # the document that crosses the budget lands closer to it than stopping short
+            copies[order[:n]] += 1
+    return np.minimum(copies, max_repeats)

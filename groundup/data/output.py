@@ -4,7 +4,7 @@ Columns: id, source, domain, text, url (null when absent), language (code files)
 classifier's score, when one ran) and meta (the record's other fields as a JSON object). A
 document the mixing plan repeats appears several times, with rows shuffled (seeded) so copies
 are not adjacent. The file is written under a temporary name and renamed, and an existing part
-is left alone: the counts for the report are recomputed from the plan, which is deterministic.
+is left alone: the counts for the report are recomputed from the copies, which are deterministic.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from groundup.data.curate_config import CurateConfig
-from groundup.data.mixing import MixPlan
 from groundup.io import atomic_open
 
 OUTPUT_COLUMNS = ("id", "source", "domain", "text", "url", "language", "quality", "meta")
@@ -27,17 +26,13 @@ def output_path(shards_dir: Path, index: int, fmt: str) -> Path:
     return shards_dir / f"part-{index:05d}.{'parquet' if fmt == 'parquet' else 'jsonl'}"
 
 
-def write_output_shard(stage: Path, shards_dir: Path, index: int, keep: np.ndarray, plan: MixPlan,
-                       cfg: CurateConfig) -> dict:
-    """Returns {"path", "skipped", "docs", "by_domain", "by_source"} for the report."""
+def write_output_shard(stage: Path, shards_dir: Path, index: int, copies: np.ndarray, cfg: CurateConfig) -> dict:
+    """Write each row of the work shard `copies[row]` times; returns {"path", "skipped", "docs",
+    "by_domain", "by_source"} for the report."""
     path = output_path(shards_dir, index, cfg.output.format)
-    columns = None if not path.exists() else ["id", "source", "domain", "nbytes"]
+    columns = None if not path.exists() else ["source", "domain", "nbytes"]
     table = pq.read_table(stage, columns=columns)
-    ids = table.column("id").to_pylist()
-    domains = table.column("domain").to_pylist()
-    copies = np.array([plan.copies(ids[i], domains[i], cfg.seed, cfg.mixing.max_repeats) if keep[i] else 0
-                       for i in range(len(ids))], dtype=np.int64)
-    rows = np.repeat(np.arange(len(ids)), copies)
+    rows = np.repeat(np.arange(table.num_rows), copies)
     if cfg.output.shuffle and len(rows) > 1:
         rows = np.random.default_rng([cfg.seed, index]).permutation(rows)
     sizes = table.column("nbytes").to_numpy()

@@ -28,7 +28,7 @@ from groundup.config import config_diff, save_config
 from groundup.data.curate_config import CurateConfig, fingerprint_dict
 from groundup.data.curate_shard import ShardCurator, shard_complete, shard_files
 from groundup.data.dedup import deduplicate
-from groundup.data.mixing import plan_mix
+from groundup.data.mixing import assign_copies, plan_mix
 from groundup.data.output import write_output_shard
 from groundup.data.readers import ReadStats, iter_records
 from groundup.data.report import build_report, write_report
@@ -198,12 +198,13 @@ def curate(inputs: Sequence[str | Path], out: str | Path, cfg: CurateConfig, pro
     available = {str(d): int(cols["nbytes"][after_near & (cols["domain"] == d)].sum())
                  for d in np.unique(cols["domain"][after_near])} if after_near.any() else {}
     plan = plan_mix(available, cfg.mixing)
+    copies = assign_copies(plan, cols["domain"], cols["nbytes"], after_near, cfg.seed, cfg.mixing.max_repeats)
     phase2 = time.perf_counter() - t0
 
     t0 = time.perf_counter()
     offsets = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
     shards_dir = ensure_writable_dir(out / "shards")
-    written = [write_output_shard(files[i]["stage"], shards_dir, i, after_near[offsets[i]:offsets[i + 1]], plan, cfg)
+    written = [write_output_shard(files[i]["stage"], shards_dir, i, copies[offsets[i]:offsets[i + 1]], cfg)
                for i in range(len(files))]
     phase3 = time.perf_counter() - t0
 
