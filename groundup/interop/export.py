@@ -1,0 +1,53 @@
+"""`groundup export hf`: a groundup checkpoint as a Hugging Face model directory.
+
+    OUT/config.json              the architecture (see hf_config) and the original ModelConfig
+    OUT/model.safetensors        weights under transformers' names (see hf_weights)
+    OUT/generation_config.json   stops at end of text or end of turn
+    OUT/tokenizer.json, tokenizer_config.json, special_tokens_map.json, groundup_tokenizer.json
+
+`AutoModelForCausalLM.from_pretrained(OUT)` and `AutoTokenizer.from_pretrained(OUT)` load it with no
+custom code. The directory is built under a temporary name and renamed when complete.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from groundup.errors import CheckpointError
+from groundup.infer.loading import resolve_dtype
+from groundup.interop.hf_config import choose_architecture, hf_config
+from groundup.interop.hf_tokenizer import write_tokenizer_files
+from groundup.interop.hf_weights import to_hf_state
+from groundup.io import atomic_dir, atomic_write_json
+
+DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+def export_hf(checkpoint: str | Path, out: str | Path, dtype: str | None = None) -> str:
+    """Write the Hugging Face directory; returns the architecture chosen (e.g. "llama")."""
+    from groundup.model.io import find_tokenizer_dir, load_model, resolve_model_dir
+    from groundup.tokenizer import Tokenizer
+
+    model_dir = resolve_model_dir(checkpoint)
+    tok_dir = find_tokenizer_dir(model_dir)
+    if tok_dir is None:
+        raise CheckpointError(f"{model_dir}: no tokenizer beside the checkpoint (MODEL/tokenizer or RUN/tokenizer); "
+                              "a Hugging Face directory needs one")
+    tok = Tokenizer.load(tok_dir)
+    model = load_model(model_dir, dtype=resolve_dtype(dtype) if dtype else None)
+    cfg = model.cfg
+    if tok.vocab_size > cfg.vocab_size:
+        raise CheckpointError(f"{tok_dir} has {tok.vocab_size} tokens but the model embeds only {cfg.vocab_size}")
+    arch = choose_architecture(cfg, expert_bias_is_zero=all(not m.expert_bias.any() for m in model.moe_layers()))
+    weights = to_hf_state(arch, cfg, model.state_dict())
+    config = hf_config(arch, cfg, tok.special_ids, DTYPE_NAMES[model.embed.weight.dtype])
+    with atomic_dir(out) as tmp:
+        save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        atomic_write_json(tmp / "config.json", config)
+        atomic_write_json(tmp / "generation_config.json", {
+            "bos_token_id": tok.bos_id, "eos_token_id": [tok.eot_id, tok.end_of_turn_id], "pad_token_id": tok.pad_id})
+        write_tokenizer_files(tok, tmp, cfg.max_seq_len)
+    return arch

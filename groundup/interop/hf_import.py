@@ -1,0 +1,67 @@
+"""`groundup import hf`: a local Hugging Face model directory as a groundup model directory.
+
+Reads config.json (see hf_import_config for what is accepted) and safetensors weights, one file or
+sharded with an index; `pytorch_model.bin` is refused, since unpickling it could run code. The
+result is OUT/model.safetensors + OUT/model.toml, ready for `groundup train` (continued
+pretraining), fine-tuning, `generate` and `export hf`; the tokenizer comes along as OUT/tokenizer
+when it is groundup's byte-level BPE format (an exported groundup model's always is).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+
+from groundup.errors import CheckpointError, DataError
+from groundup.infer.loading import resolve_dtype
+from groundup.interop.hf_config import model_config_from_hf
+from groundup.interop.hf_weights import from_hf_state
+from groundup.io import atomic_dir, read_json
+
+
+def read_hf_weights(hf_dir: Path) -> dict[str, torch.Tensor]:
+    index = hf_dir / "model.safetensors.index.json"
+    if (hf_dir / "model.safetensors").is_file():
+        files = [hf_dir / "model.safetensors"]
+    elif index.is_file():
+        files = [hf_dir / name for name in sorted(set(read_json(index).get("weight_map", {}).values()))]
+    elif any(hf_dir.glob("pytorch_model*.bin")):
+        raise CheckpointError(f"{hf_dir}: only pytorch_model.bin weights; groundup imports safetensors only, because "
+                              "loading a pickle can run code (convert it with a tool you trust)")
+    else:
+        raise CheckpointError(f"{hf_dir}: no model.safetensors or model.safetensors.index.json")
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        try:
+            state.update(load_file(str(f)))
+        except (SafetensorError, OSError, ValueError) as e:
+            raise CheckpointError(f"{f}: unreadable safetensors file ({e})") from None
+    return state
+
+
+def import_hf(hf_dir: str | Path, out: str | Path, dtype: str | None = None) -> tuple[str, str | None]:
+    """Write the groundup model directory; returns (architecture, why no tokenizer came along or None)."""
+    from groundup.model.io import build_from_state, save_model
+    from groundup.tokenizer import Tokenizer
+
+    hf_dir = Path(hf_dir)
+    if not (hf_dir / "config.json").is_file():
+        raise CheckpointError(f"{hf_dir}: not a Hugging Face model directory (no config.json)")
+    arch, cfg = model_config_from_hf(read_json(hf_dir / "config.json"), str(hf_dir / "config.json"))
+    state = from_hf_state(arch, cfg, read_hf_weights(hf_dir), str(hf_dir))
+    model = build_from_state(cfg, state, dtype=resolve_dtype(dtype) if dtype else None, source=str(hf_dir))
+    tok, no_tokenizer = None, None
+    try:
+        tok = Tokenizer.load(hf_dir)
+        if tok.vocab_size > cfg.vocab_size:
+            tok, no_tokenizer = None, f"its {tok.vocab_size} tokens exceed the model's {cfg.vocab_size} embeddings"
+    except DataError as e:
+        no_tokenizer = str(e)
+    with atomic_dir(out) as tmp:
+        save_model(model, tmp, metadata={"imported_from": arch})
+        if tok is not None:
+            tok.save(tmp / "tokenizer")
+    return arch, no_tokenizer
