@@ -228,6 +228,9 @@ class OutputConfig:
     shuffle: bool = True  # shuffle rows within each output shard (seeded), so repeats are spread
     examples: int = 5  # removed documents shown per filter in the report
     snippet_chars: int = 300
+    # Per shard and domain, this many documents also go through every filter NOT configured for
+    # their domain, without effect, so the report shows what a filter would do if applied blindly.
+    audit_docs: int = 20
 
     def validate(self) -> None:
         if self.shard_docs < 1 or self.shard_bytes < 1:

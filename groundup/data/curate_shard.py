@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from groundup.data import code_filters, gopher, web_filters
-from groundup.data.curate_config import CurateConfig
+from groundup.data.curate_config import FILTER_NAMES, CurateConfig
 from groundup.data.minhash import MinHasher
 from groundup.data.normalize import exact_key, normalize_text
 from groundup.data.pii import PIIRedactor
@@ -144,11 +144,29 @@ class ShardCurator:
             stats.add_time("pii", clock() - t0)
         return record, doc.text, score
 
+    def _audit(self, records: list[dict], stats: StageStats) -> None:
+        """Run the filters a domain is spared on a few of its documents, recording only what they
+        would remove (as `audit:<filter>`), so the report shows the damage of applying them blindly."""
+        seen: dict[str, int] = {}
+        for record in records:
+            domain = record["domain"]
+            if seen.get(domain, 0) >= self.cfg.output.audit_docs:
+                continue
+            seen[domain] = seen.get(domain, 0) + 1
+            text = normalize_text(record["text"])
+            if not text.strip():
+                continue
+            for name in FILTER_NAMES:
+                if name not in self.cfg.filters.get(domain, ()):
+                    stats.record(f"audit:{name}", record, nbytes(text), self._judge(name, _Doc(text), record), text=text)
+
     def __call__(self, index: int, records: list[dict], work: Path) -> dict:
         """Curate `records` as shard `index`; returns the shard's stats dict."""
         cfg = self.cfg
         stats = StageStats(cfg.output.examples, cfg.output.snippet_chars)
         kept = [k for r in records if (k := self._curate_record(r, stats)) is not None]
+        if cfg.output.audit_docs:
+            self._audit(records, stats)
         t0 = time.perf_counter()
         texts = [text for _, text, _ in kept]
         exact = np.fromiter((exact_key(t) for t in texts), dtype=np.uint64, count=len(texts))

@@ -19,6 +19,8 @@ report.json keys:
 - `mix`: {weights, max_repeats, target_bytes, rates, notes, available_bytes (per domain after
   dedup), output: {domain: {docs, bytes, share}}}; `share` is the achieved share of bytes
 - `shards`: {format, count, written, skipped_existing_parts, skipped_complete_work_shards, files}
+- `audit`: {filter: {domain: {docs, would_remove, reasons}}}: filters run without effect on a
+  sample (`output.audit_docs` per shard and domain) of the domains they are not configured for
 - `timing`: {curate_shards_s, global_s, write_s, total_s, docs_per_s, mb_per_s} (wall clock)
 """
 
@@ -145,6 +147,9 @@ def build_report(*, inputs, cfg: CurateConfig, read_stats: ReadStats, stats: Sta
                 "notes": plan.notes, "available_bytes": {d: r["bytes_kept"] for d, r in domains.items()},
                 "output": {d: {**c, "share": round(c["bytes"] / out_bytes, 4) if out_bytes else 0.0}
                            for d, c in sorted(out_domain.items())}},
+        "audit": {name.removeprefix("audit:"): {d: {"docs": c["docs_in"], "would_remove": c["docs_in"] - c["docs_out"],
+                                                     "reasons": c["reasons"]} for d, c in data[name]["by_domain"].items()}
+                  for name in data if name.startswith("audit:")},
         "shards": {"format": cfg.output.format, "count": len(written),
                    "written": sum(1 for w in written if not w["skipped"] and w["docs"]),
                    "skipped_existing_parts": sum(1 for w in written if w["skipped"]),
@@ -198,6 +203,13 @@ def render_markdown(r: dict) -> str:
         if s["extra"]:
             lines.append(f"| {s['name']} | (all) | | | | | " + ", ".join(f"{k} {v:,}" for k, v in s["extra"].items())
                          + f" | {s['seconds']:.2f} | |")
+    if r["audit"]:
+        lines += ["", "## If filters were applied blindly (sample, no effect on the output)", "",
+                  "| filter | domain | docs | would remove | top reasons |", "| --- | --- | ---: | ---: | --- |"]
+        for name, by_domain in r["audit"].items():
+            for d, c in by_domain.items():
+                reasons = ", ".join(f"{k} {v}" for k, v in sorted(c["reasons"].items(), key=lambda kv: -kv[1])[:2])
+                lines.append(f"| {name} | {d} | {c['docs']} | {_pct(c['would_remove'], c['docs'])} | {reasons} |")
     lines += ["", "## Removed examples", ""]
     for s in r["stages"]:
         for e in s["examples"][:3]:
