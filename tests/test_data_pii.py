@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from groundup.data.curate_config import PIIConfig
 from groundup.data.pii import PIIRedactor
 
 
@@ -36,6 +37,6 @@ def test_keeps_code_and_arithmetic(text):
 
 def test_private_addresses_can_be_redacted_too_and_kinds_switched_off():
     text = "ping 192.168.1.10 or mail a@b.org"
-    assert PIIRedactor(public_ips_only=False).redact(text)[0] == "ping <IP_ADDRESS> or mail <EMAIL>"
-    assert PIIRedactor(email=False, public_ips_only=False).redact(text) == (
+    assert PIIRedactor(PIIConfig(public_ips_only=False)).redact(text)[0] == "ping <IP_ADDRESS> or mail <EMAIL>"
+    assert PIIRedactor(PIIConfig(email=False, public_ips_only=False)).redact(text) == (
         "ping <IP_ADDRESS> or mail a@b.org", {"ip": 1})

@@ -18,13 +18,12 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
-import xxhash
 
+from groundup.data.hashing import MIX, window_hashes, word_hash
 from groundup.errors import DataError
 from groundup.io import atomic_open
 
 _WORDS = re.compile(r"\w+")
-_MIX = np.uint64(0x9E3779B97F4A7C15)
 FORMAT = "groundup-quality-classifier-1"
 
 
@@ -37,34 +36,18 @@ class FeatureSpec:
     max_chars: int = 20_000  # the head of a document says enough about its quality
 
 
-class _WordHash(dict):
-    """word -> stable 64-bit hash (xxhash: a model trained in one process scores in another)."""
-
-    def __missing__(self, word: str) -> int:
-        if len(self) > 1 << 20:
-            self.clear()
-        value = self[word] = xxhash.xxh3_64_intdigest(word.encode("utf-8", errors="surrogatepass"))
-        return value
-
-
-_word_hash = _WordHash()
-
-
 def features(text: str, spec: FeatureSpec) -> np.ndarray:
     """Bucket ids (with repeats) of a document's hashed n-gram features."""
     text = text[: spec.max_chars].lower()
     words = _WORDS.findall(text)
     parts = []
     if words:
-        h = np.fromiter(map(_word_hash.__getitem__, words), dtype=np.uint64, count=len(words))
+        h = np.fromiter(map(word_hash.__getitem__, words), dtype=np.uint64, count=len(words))
         parts.append(h)
-        with np.errstate(over="ignore"):
-            for n in range(2, spec.word_ngrams + 1):
-                if len(h) >= n:
-                    g = h[: len(h) - n + 1].copy()
-                    for k in range(1, n):
-                        g = g * _MIX + h[k: len(h) - n + 1 + k]
-                    parts.append(g + np.uint64(n))
+        for n in range(2, spec.word_ngrams + 1):
+            if len(h) >= n:
+                with np.errstate(over="ignore"):
+                    parts.append(window_hashes(h, n) + np.uint64(n))
     data = np.frombuffer(text.encode("utf-8", errors="surrogatepass"), dtype=np.uint8).astype(np.uint64)
     for n in range(spec.char_min, spec.char_max + 1):
         if len(data) >= n:
@@ -75,7 +58,7 @@ def features(text: str, spec: FeatureSpec) -> np.ndarray:
     if not parts:
         return np.zeros(0, dtype=np.int64)
     with np.errstate(over="ignore"):
-        mixed = np.concatenate(parts) * _MIX  # multiplicative hashing: the top bits are well mixed
+        mixed = np.concatenate(parts) * MIX  # multiplicative hashing: the top bits are well mixed
     return (mixed >> np.uint64(64 - spec.bits)).astype(np.int64)
 
 

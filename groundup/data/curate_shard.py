@@ -71,8 +71,7 @@ class ShardCurator:
     def __init__(self, cfg: CurateConfig):
         self.cfg = cfg
         self.minhasher = MinHasher(cfg.dedup.minhash)
-        self.pii = PIIRedactor(cfg.pii.email, cfg.pii.ip, cfg.pii.phone, cfg.pii.public_ips_only, {
-            "email": cfg.pii.email_placeholder, "ip": cfg.pii.ip_placeholder, "phone": cfg.pii.phone_placeholder})
+        self.pii = PIIRedactor(cfg.pii)
         self.classifier = None
         if cfg.classifier.model:
             from groundup.data.classifier import QualityClassifier

@@ -17,6 +17,7 @@ import re
 import numpy as np
 
 from groundup.data.curate_config import GopherQualityConfig, GopherRepetitionConfig, NgramRepetitionConfig
+from groundup.data.hashing import window_hashes
 
 # datatrove's PUNCTUATION_SET: ASCII and CJK punctuation, the C0/C1 controls and the sentence
 # terminals of many scripts. A "symbol word" consists of these characters only.
@@ -97,7 +98,6 @@ def gopher_quality(text: str, words: list[str], cfg: GopherQualityConfig) -> str
 
 _PARAGRAPHS = re.compile(r"\n{2,}")
 _LINES = re.compile(r"\n+")
-_MIX = np.uint64(0x9E3779B97F4A7C15)  # an odd constant: multiply-add keeps n-gram order significant
 
 
 def _duplicates(items: list[str]) -> tuple[int, int]:
@@ -111,15 +111,6 @@ def _duplicates(items: list[str]) -> tuple[int, int]:
         else:
             seen.add(item)
     return count, chars
-
-
-def ngram_hashes(hashes: np.ndarray, n: int) -> np.ndarray:
-    """Hash of each window of `n` consecutive word hashes (wrapping uint64 arithmetic)."""
-    out = hashes[: len(hashes) - n + 1].copy()
-    with np.errstate(over="ignore"):
-        for k in range(1, n):
-            out = out * _MIX + hashes[k: len(hashes) - n + 1 + k]
-    return out
 
 
 def _top_ngram_chars(grams: np.ndarray, chars: np.ndarray) -> int:
@@ -179,13 +170,13 @@ def gopher_repetition(text: str, words: list[str], cfg: GopherRepetitionConfig) 
         if len(words) < n:
             continue
         joined = cumulative[n:] - cumulative[:-n] + (n - 1)  # n-gram joined with spaces
-        if _top_ngram_chars(ngram_hashes(hashes, n), joined) / len(text) > frac:
+        if _top_ngram_chars(window_hashes(hashes, n), joined) / len(text) > frac:
             return f"top_{n}_gram"
     for n, frac in zip(cfg.dup_ngram_sizes, cfg.dup_ngram_fracs):
         if len(words) < n:
             continue
         concatenated = cumulative[n:] - cumulative[:-n]  # datatrove joins these without spaces
-        if _greedy_duplicate_chars(ngram_hashes(hashes, n), concatenated, n) / len(text) > frac:
+        if _greedy_duplicate_chars(window_hashes(hashes, n), concatenated, n) / len(text) > frac:
             return f"duplicated_{n}_n_grams"
     return None
 
@@ -197,6 +188,6 @@ def ngram_repetition(words: list[str], cfg: NgramRepetitionConfig) -> str | None
     hashes = hashes[(classes & _WORD_CLASS_NON_SYMBOL).astype(bool)]
     if len(hashes) < cfg.n:
         return None
-    grams = ngram_hashes(hashes, cfg.n)
+    grams = window_hashes(hashes, cfg.n)
     repeated = 1.0 - len(np.unique(grams)) / len(grams)
     return "repeated_ngrams" if repeated > cfg.max_repeated_fraction else None

@@ -18,38 +18,14 @@ import re
 from typing import Sequence
 
 import numpy as np
-import xxhash
 
 from groundup.data.curate_config import MinHashConfig
+from groundup.data.hashing import MIX, fmix64, window_hashes, word_hash
 
 _WORDS = re.compile(r"\w+")
 _BLOCK = 2048  # shingles per block: block x permutations x 8 bytes (1.8 MB) stays in cache
-_C1 = np.uint64(0xBF58476D1CE4E5B9)
-_C2 = np.uint64(0x94D049BB133111EB)
-_MIX = np.uint64(0x9E3779B97F4A7C15)
 NO_KEY = np.uint64(0)  # band keys of a document without shingles: never bucketed
 
-
-def fmix64(x: np.ndarray) -> np.ndarray:
-    """splitmix64's finaliser: every output bit depends on every input bit."""
-    with np.errstate(over="ignore"):
-        x = (x ^ (x >> np.uint64(30))) * _C1
-        x = (x ^ (x >> np.uint64(27))) * _C2
-        return x ^ (x >> np.uint64(31))
-
-
-class _WordHash(dict):
-    """word (str or ASCII bytes) -> xxhash of its UTF-8 bytes; the same value either way."""
-
-    def __missing__(self, word: str | bytes) -> int:
-        if len(self) > 1 << 20:  # bounded: code and typos make the vocabulary endless
-            self.clear()
-        data = word if isinstance(word, bytes) else word.encode("utf-8", errors="surrogatepass")
-        value = self[word] = xxhash.xxh3_64_intdigest(data)
-        return value
-
-
-_word_hash = _WordHash()
 # ASCII text: one bytes.translate lower-cases and turns every non-word byte into a space, and
 # split() does the rest, the same words as `\w+` on the lower-cased text at several times the speed.
 _ASCII_WORDS = bytes((c + 32 if 65 <= c <= 90 else c) if (chr(c).isalnum() or c == 95) and c < 128 else 32
@@ -61,15 +37,7 @@ def word_hashes(text: str) -> np.ndarray:
         words = text.encode("ascii").translate(_ASCII_WORDS).split()
     else:
         words = _WORDS.findall(text.lower())
-    return np.fromiter(map(_word_hash.__getitem__, words), dtype=np.uint64, count=len(words))
-
-
-def _windows(h: np.ndarray, n: int) -> np.ndarray:
-    out = h[: len(h) - n + 1].copy()
-    with np.errstate(over="ignore"):
-        for k in range(1, n):
-            out = out * _MIX + h[k: len(h) - n + 1 + k]
-    return out
+    return np.fromiter(map(word_hash.__getitem__, words), dtype=np.uint64, count=len(words))
 
 
 def shingle_batch(texts: Sequence[str], n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -88,9 +56,9 @@ def shingle_batch(texts: Sequence[str], n: int) -> tuple[np.ndarray, np.ndarray]
     if len(words) >= n:
         ends = np.repeat(np.cumsum(lengths), lengths)[: len(words) - n + 1]
         valid = np.arange(len(words) - n + 1) + n <= ends
-        out[np.repeat(lengths >= n, counts)] = fmix64(_windows(words, n)[valid])
+        out[np.repeat(lengths >= n, counts)] = fmix64(window_hashes(words, n)[valid])
     for doc in np.flatnonzero((lengths > 0) & (lengths < n)):
-        out[offsets[doc]] = fmix64(_windows(hashes[doc], int(lengths[doc])))[0]
+        out[offsets[doc]] = fmix64(window_hashes(hashes[doc], int(lengths[doc])))[0]
     return out, offsets
 
 
@@ -141,7 +109,7 @@ class MinHasher:
         with np.errstate(over="ignore"):
             key = np.zeros((len(signatures), bands), dtype=np.uint64)
             for r in range(rows):
-                key = fmix64(key * _MIX + sig[:, :, r])
+                key = fmix64(key * MIX + sig[:, :, r])
         key[key == NO_KEY] = np.uint64(1)  # keep NO_KEY free to mean "no key"
         key[~has_shingles] = NO_KEY
         return key

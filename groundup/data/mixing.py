@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from groundup.data.curate_config import MixingConfig
-from groundup.data.minhash import fmix64
+from groundup.data.hashing import fmix64
 
 
 @dataclass

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from dataclasses import dataclass, field
+
+from groundup.data.curate_config import PIIConfig
 
 _EMAIL = re.compile(
     r"(?<![\w.%+-])[A-Za-z0-9][A-Za-z0-9._%+-]*@(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)+"
@@ -60,14 +61,11 @@ def _ip_ok(text: str, public_only: bool) -> bool:
     return address.is_global or not public_only
 
 
-@dataclass
 class PIIRedactor:
-    email: bool = True
-    ip: bool = True
-    phone: bool = True
-    public_ips_only: bool = True
-    placeholders: dict[str, str] = field(default_factory=lambda: {
-        "email": "<EMAIL>", "ip": "<IP_ADDRESS>", "phone": "<PHONE>"})
+    def __init__(self, cfg: PIIConfig | None = None):
+        self.cfg = cfg or PIIConfig()
+        self.placeholders = {"email": self.cfg.email_placeholder, "ip": self.cfg.ip_placeholder,
+                             "phone": self.cfg.phone_placeholder}
 
     def redact(self, text: str) -> tuple[str, dict[str, int]]:
         """Return the redacted text and how many of each kind were replaced."""
@@ -82,12 +80,13 @@ class PIIRedactor:
 
             return pattern.sub(replace, text)
 
-        if self.email and _HINTS["email"].search(text):
+        cfg = self.cfg
+        if cfg.email and _HINTS["email"].search(text):
             text = sub("email", _EMAIL, text)
-        if self.ip and _HINTS["ipv4"].search(text):
-            text = sub("ip", _IPV4, text, lambda s: _ip_ok(s, self.public_ips_only))
-        if self.ip and _HINTS["ipv6"].search(text):
-            text = sub("ip", _IPV6, text, lambda s: _ip_ok(s, self.public_ips_only))
-        if self.phone and _HINTS["phone"].search(text):
+        if cfg.ip and _HINTS["ipv4"].search(text):
+            text = sub("ip", _IPV4, text, lambda s: _ip_ok(s, cfg.public_ips_only))
+        if cfg.ip and _HINTS["ipv6"].search(text):
+            text = sub("ip", _IPV6, text, lambda s: _ip_ok(s, cfg.public_ips_only))
+        if cfg.phone and _HINTS["phone"].search(text):
             text = sub("phone", _PHONE, text)
         return text, counts
