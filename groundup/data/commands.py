@@ -21,9 +21,12 @@ def curate(args: argparse.Namespace) -> None:
     from groundup.data.curate_config import CurateConfig
     from groundup.data.pipeline import curate as run
 
-    overrides = list(args.overrides) + ([f"workers={args.workers}"] if args.workers is not None else [])
+    # `--input a/ b.jsonl key=value` : argparse hands the override to --input; take it back.
+    inputs = [p for p in args.input if p.exists() or "=" not in str(p)]
+    moved = [str(p) for p in args.input if not p.exists() and "=" in str(p)]
+    overrides = moved + list(args.overrides) + ([f"workers={args.workers}"] if args.workers is not None else [])
     cfg = load_config(CurateConfig, args.config, overrides)
-    report = run(args.input, args.out, cfg, progress=not args.no_progress)
+    report = run(inputs, args.out, cfg, progress=not args.no_progress)
     t, tm = report["totals"], report["timing"]
     print(f"{t['docs_in']:,} documents ({t['bytes_in'] / 1e6:.1f} MB) in, {t['docs_kept']:,} kept, "
           f"{t['docs_out']:,} ({t['bytes_out'] / 1e6:.1f} MB) written in {tm['total_s']:.1f} s")
@@ -68,7 +71,8 @@ def train_classifier(args: argparse.Namespace) -> None:
                   lr=args.lr, seed=args.seed)
     model.save(args.out)
     m = model.metrics
-    print(f"trained on {m['train_docs']:,} documents ({m['positive']:,} positive, {m['negative']:,} negative)")
+    print(f"trained on {m['train_docs']:,} of {m['positive'] + m['negative']:,} documents "
+          f"({m['positive']:,} positive, {m['negative']:,} negative)")
     if "heldout_accuracy" in m:
         print(f"held-out ({m['heldout_docs']:,} documents): accuracy {m['heldout_accuracy']:.3f}, AUC {m['heldout_auc']:.3f}")
     print(f"{args.out}: use with classifier.model={args.out}")
