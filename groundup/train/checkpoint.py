@@ -154,15 +154,15 @@ def rotate(run_dir: Path, every: int, keep_last: int, keep_every: int) -> list[s
 def restore_loader(loader, saved: list[dict], note=print) -> None:
     """Put this process's loader where the saved run left off.
 
-    Same world size: exact. Another world size (an FSDP checkpoint resumed by one process, or the
-    reverse): within each domain's current epoch, continue after the furthest window any process
+    Same world size and batch size: exact. Otherwise (an FSDP checkpoint resumed by one process, the
+    reverse, or the global batch split differently): within each domain's current epoch, continue after the furthest window any process
     took. Process r of W took windows r, r+W, ..., so the new process r' of W' starts at its first
     window at or past that point; with the same global batch this is exactly the data an
     uninterrupted run would have read next (single-domain data; with several domains the domain
     draws differ).
     """
     mine = loader.state_dict()
-    if len(saved) == loader.world_size:
+    if len(saved) == loader.world_size and saved[loader.rank].get("batch_size") == loader.batch_size:
         loader.load_state_dict(saved[loader.rank])
         return
     keep = ("split", "seq_len", "seed", "bos_aligned", "weights", "tokenizer_hash", "tokens", "version")
@@ -179,5 +179,6 @@ def restore_loader(loader, saved: list[dict], note=print) -> None:
         position = max(0, -(-(next_window - loader.rank) // loader.world_size))  # ceil division
         cursors[domain] = [epoch, position]
     loader.load_state_dict({**mine, "batch": max(s["batch"] for s in saved), "cursors": cursors})
-    note(f"note: the checkpoint was written by {old_world} process(es), this run has {loader.world_size}: "
-         "the data loader continues after the furthest window any process read")
+    note(f"note: the checkpoint was written by {old_world} process(es) of {saved[0]['batch_size']} sequences, this "
+         f"run has {loader.world_size} of {loader.batch_size}: the data loader continues after the furthest window "
+         "any process read")
