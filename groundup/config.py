@@ -11,6 +11,7 @@ and each dataclass may define `validate()` to reject impossible combinations.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import math
@@ -115,7 +116,13 @@ def _type_name(tp: Any) -> str:
     return str(tp)
 
 
-def _coerce(value: Any, tp: Any, key: str) -> Any:
+def _field_default(f: dataclasses.Field) -> Any:
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return None if f.default is dataclasses.MISSING else f.default
+
+
+def _coerce(value: Any, tp: Any, key: str, base: Any = None) -> Any:
     origin = get_origin(tp)
     if origin in (Union, types.UnionType):
         options = get_args(tp)
@@ -170,33 +177,44 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             return value
         if not isinstance(value, dict):
             fail(key, value, "a table")
-        return from_dict(tp, value, prefix=f"{key}.")
+        return from_dict(tp, value, prefix=f"{key}.", base=base if isinstance(base, tp) else None)
     if tp is Any:
         return value
     raise TypeError(f"unsupported config type {tp!r} for {key}")
 
 
-def from_dict(cls: type[T], data: dict, prefix: str = "") -> T:
+def from_dict(cls: type[T], data: dict, prefix: str = "", base: T | None = None) -> T:
     """Build a config dataclass from a (TOML-shaped) dict, checking every key and type.
 
-    A class may define `preprocess(data) -> data` (a classmethod; used to expand presets) and
-    `validate()` (checks across keys; raises ConfigError with keys relative to the class).
+    Keys missing from `data` keep their values in `base` (default: the class defaults), and a
+    nested section starts from its field's default: if a parent's default for `model` is a
+    4-layer model, `model.d_model = 64` changes only the width. `preset = NAME` in a section
+    starts that section from the preset instead.
+
+    A class may define `preprocess(data, prefix) -> data` (a classmethod; used to expand presets)
+    and `validate()` (checks across keys; raises ConfigError with keys relative to the class).
     """
     if not isinstance(data, dict):
         fail(prefix.rstrip(".") or "config", data, "a table")
+    if "preset" in data:
+        base = None
     if hasattr(cls, "preprocess"):
         data = cls.preprocess(dict(data), prefix)
     hints = typing.get_type_hints(cls)
-    known = {f.name for f in dataclasses.fields(cls) if f.init}
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     kwargs = {}
+    if base is not None:
+        base = copy.deepcopy(base)
+        kwargs = {name: getattr(base, name) for name in fields}
     for key, value in data.items():
-        if key not in known:
+        if key not in fields:
             raise ConfigError(
-                f"unknown key '{prefix}{key}'{_suggest(key, known, prefix)}; valid keys here: "
-                + ", ".join(sorted(known)),
+                f"unknown key '{prefix}{key}'{_suggest(key, fields, prefix)}; valid keys here: "
+                + ", ".join(sorted(fields)),
                 key=prefix + key,
             )
-        kwargs[key] = _coerce(value, hints[key], prefix + key)
+        section_base = kwargs.get(key, _field_default(fields[key])) if isinstance(value, dict) else None
+        kwargs[key] = _coerce(value, hints[key], prefix + key, section_base)
     obj = cls(**kwargs)
     if hasattr(obj, "validate"):
         try:

@@ -29,47 +29,54 @@ def stages_section(stages: dict) -> list[str]:
 
 
 def curation_section(report: dict) -> list[str]:
-    """Documents and bytes per source and per filter, dedup clusters and the achieved mix."""
+    """Documents and bytes per domain and source, each filter's effect per domain, dedup and mix.
+
+    Reads the `report.json` of `groundup data curate` (see groundup/data/report.py for its keys).
+    """
     out = ["## Curation", ""]
     totals = report.get("totals") or {}
     if totals:
-        out.append(f"{totals.get('docs_in', 0):,} documents ({_mb(totals.get('bytes_in', 0))}) in, "
-                   f"{totals.get('docs_out', 0):,} ({_mb(totals.get('bytes_out', 0))}) out.")
-        out.append("")
-    sources = report.get("sources") or {}
-    if sources:
-        out += ["### Per source", ""] + _table(
-            ["source", "docs in", "docs out", "bytes in", "bytes out"],
-            [[name, f"{s.get('docs_in', 0):,}", f"{s.get('docs_out', 0):,}", _mb(s.get("bytes_in", 0)),
-              _mb(s.get("bytes_out", 0))] for name, s in sources.items()])
-    filters = report.get("filters") or {}
-    if filters:
-        rows = []
-        for name, f in filters.items():
-            per_domain = f.get("domains") or {}
-            removed = ", ".join(f"{d}: {v.get('docs_removed', 0):,}" for d, v in per_domain.items()
-                                if v.get("docs_removed"))
-            rows.append([name, f"{f.get('docs_in', 0):,}", f"{f.get('docs_removed', 0):,}",
-                         _mb(f.get("bytes_removed", 0)), removed or "-"])
-        out += ["### Per filter", ""] + _table(["filter", "docs in", "docs removed", "bytes removed",
-                                                "removed by domain"], rows)
+        out += [f"{totals.get('docs_in', 0):,} documents ({_mb(totals.get('bytes_in', 0))}) in, "
+                f"{totals.get('docs_kept', 0):,} kept by the filters and deduplication, "
+                f"{totals.get('docs_out', 0):,} ({_mb(totals.get('bytes_out', 0))}) written after mixing.", ""]
+    for title, key in (("Per domain", "domains"), ("Per source", "sources")):
+        table = report.get(key) or {}
+        if table:
+            out += [f"### {title}", ""] + _table(
+                [key[:-1], "docs in", "bytes in", "docs kept", "docs out", "bytes out"],
+                [[name, f"{v.get('docs_in', 0):,}", _mb(v.get("bytes_in", 0)), f"{v.get('docs_kept', 0):,}",
+                  f"{v.get('docs_out', 0):,}", _mb(v.get("bytes_out", 0))] for name, v in table.items()])
+    rows = []
+    for stage in report.get("stages") or []:
+        for domain, v in (stage.get("by_domain") or {}).items():
+            removed = v.get("docs_in", 0) - v.get("docs_out", 0)
+            if "docs_in" not in v:
+                continue
+            reasons = ", ".join(f"{k} {n:,}" for k, n in sorted((v.get("reasons") or {}).items(), key=lambda kv: -kv[1])[:3])
+            rows.append([stage["name"], domain, f"{v['docs_in']:,}", f"{removed:,}",
+                         _mb(v.get("bytes_in", 0) - v.get("bytes_out", 0)), reasons or "-"])
+    if rows:
+        out += ["### Per filter and domain", ""] + _table(
+            ["stage", "domain", "docs in", "docs removed", "bytes removed", "top reasons"], rows)
     dedup = report.get("dedup") or {}
-    if dedup:
-        parts = []
-        for kind in ("exact", "minhash"):
-            d = dedup.get(kind) or {}
-            if d:
-                parts.append(f"{kind}: {d.get('docs_removed', 0):,} documents removed"
-                             + (f" in {d.get('clusters', 0):,} clusters" if "clusters" in d else ""))
-        if parts:
-            out += ["Deduplication: " + "; ".join(parts) + ".", ""]
+    exact, minhash = dedup.get("exact") or {}, dedup.get("minhash") or {}
+    if exact or minhash:
+        line = (f"Deduplication: exact removed {exact.get('removed_docs', 0):,} documents in "
+                f"{exact.get('groups', 0):,} groups; MinHash ({minhash.get('bands', '?')} bands x "
+                f"{minhash.get('rows', '?')} rows) removed {minhash.get('removed_docs', 0):,} in "
+                f"{minhash.get('clusters', 0):,} clusters.")
+        out += [line, ""]
+        for cluster in (minhash.get("largest") or [])[:3]:
+            ids = ", ".join(f"`{m['id']}`" + (" (kept)" if m.get("kept") else "") for m in cluster["members"][:4])
+            out.append(f"- cluster of {cluster['size']}: {ids}")
+        out.append("")
     mix = report.get("mix") or {}
-    achieved = mix.get("achieved") or {}
-    if achieved:
-        target = mix.get("target") or {}
+    if mix.get("output"):
+        weights = mix.get("weights") or {}
         out += ["### Mix", ""] + _table(
-            ["domain", "target", "achieved"],
-            [[d, f"{100 * target[d]:.1f}%" if d in target else "-", f"{100 * v:.1f}%"] for d, v in achieved.items()])
+            ["domain", "target share", "achieved share", "documents", "bytes"],
+            [[d, f"{100 * weights[d]:.1f}%" if d in weights else "-", f"{100 * v['share']:.1f}%", f"{v['docs']:,}",
+              _mb(v["bytes"])] for d, v in mix["output"].items()])
     return out
 
 

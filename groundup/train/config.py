@@ -188,14 +188,8 @@ class TrainConfig:
     log: LogConfig = field(default_factory=LogConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
 
-    @classmethod
-    def preprocess(cls, data: dict, prefix: str = "") -> dict:
-        # A [model] table without a preset starts from tiny, like the default, not from ModelConfig's
-        # bare defaults: `model.n_layers=4` on the command line means "tiny with 4 layers".
-        model = data.get("model")
-        if isinstance(model, dict) and "preset" not in model and "name" not in model:
-            data["model"] = {"preset": "tiny", **model}
-        return data
+    # A [model] table starts from the default model (tiny), as every section starts from its
+    # default (groundup.config.from_dict): `model.n_layers=4` means "tiny with 4 layers".
 
     def validate(self) -> None:
         if self.train.seq_len > self.model.max_seq_len:

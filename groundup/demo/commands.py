@@ -1,0 +1,37 @@
+"""`groundup demo` and `groundup report`."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def demo_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", type=Path, default=Path("groundup-demo"), help="output directory (groundup-demo)")
+    p.add_argument("--budget-minutes", type=float, default=None, help="end-to-end time budget (15)")
+    p.add_argument("--fresh", action="store_true", help="rerun every stage instead of reusing finished ones")
+    p.add_argument("--config", type=Path, default=None, help="TOML file of DemoConfig sections")
+    p.add_argument("overrides", nargs="*", help="section.key=value, e.g. pretrain.optim.name=muon")
+
+
+def demo(args: argparse.Namespace) -> None:
+    from groundup.config import load_config
+    from groundup.demo import DemoConfig, run_demo
+
+    extra = [f"budget_minutes={args.budget_minutes}"] if args.budget_minutes is not None else []
+    cfg = load_config(DemoConfig, args.config, [*args.overrides, *extra])
+    run_demo(cfg, args.out, fresh=args.fresh)
+
+
+def report_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", type=Path, help="a demo directory or a `groundup train` run directory")
+
+
+def report(args: argparse.Namespace) -> None:
+    from groundup.errors import GroundupError
+    from groundup.report import write_report
+
+    if not args.run_dir.is_dir():
+        raise GroundupError(f"{args.run_dir}: no such directory")
+    path = write_report(args.run_dir)
+    print(path)
