@@ -1,8 +1,9 @@
 """MinHash signatures and LSH band keys, vectorised with numpy.
 
-A document is the set of its word 5-grams (lower-cased `\\w+` words). Each distinct word is
-hashed once with xxhash (64-bit, stable across processes), a shingle's hash combines its words'
-hashes (multiply-add, then splitmix64's finaliser), and each of the bands x rows permutations is
+A document is the set of its word 5-grams (lower-cased `\\w+` words). Words are hashed to 64 bits
+all at once by `hashing.hash_words` (xxhash's xor-multiply-mix loop, vectorised: a Python call per
+word made this twice as slow), a shingle's hash combines its words' hashes (multiply-add, then
+splitmix64's finaliser), and each of the bands x rows permutations is
 `a * h + b` in wrapping uint64 arithmetic with odd `a` (a bijection on 64-bit values). Shingles of
 many documents are concatenated, so 20,000 short math problems cost a few array operations, not
 20,000 Python loops.
@@ -20,7 +21,7 @@ from typing import Sequence
 import numpy as np
 
 from groundup.data.curate_config import MinHashConfig
-from groundup.data.hashing import MIX, fmix64, window_hashes, word_hash
+from groundup.data.hashing import MIX, fmix64, hash_words, window_hashes
 
 _WORDS = re.compile(r"\w+")
 _BLOCK = 2048  # shingles per block: block x permutations x 8 bytes (1.8 MB) stays in cache
@@ -32,12 +33,21 @@ _ASCII_WORDS = bytes((c + 32 if 65 <= c <= 90 else c) if (chr(c).isalnum() or c 
                      for c in range(256))
 
 
-def word_hashes(text: str) -> np.ndarray:
+def _word_bytes(text: str) -> bytes:
+    """The lower-cased `\\w+` words of `text` as UTF-8, separated by spaces."""
     if text.isascii():
-        words = text.encode("ascii").translate(_ASCII_WORDS).split()
-    else:
-        words = _WORDS.findall(text.lower())
-    return np.fromiter(map(word_hash.__getitem__, words), dtype=np.uint64, count=len(words))
+        return text.encode("ascii").translate(_ASCII_WORDS)
+    # the same bytes a word has in an ASCII document, so it hashes alike in both
+    return b" ".join(w.encode("utf-8", errors="surrogatepass") for w in _WORDS.findall(text.lower()))
+
+
+def word_hashes(texts: Sequence[str]) -> list[np.ndarray]:
+    """Each document's word hashes, computed in one `hash_words` call for the whole batch."""
+    parts = [_word_bytes(t) for t in texts]
+    ends = np.cumsum([len(p) + 1 for p in parts])  # + 1: the space that joins them
+    hashes, starts = hash_words(b" ".join(parts))
+    bounds = np.searchsorted(starts, ends - 1)
+    return np.split(hashes, bounds[:-1])
 
 
 def shingle_batch(texts: Sequence[str], n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -47,7 +57,7 @@ def shingle_batch(texts: Sequence[str], n: int) -> tuple[np.ndarray, np.ndarray]
     boundary are dropped; a document with fewer than `n` words is one shingle of all its words.
     Repeated shingles are kept: they cannot change a minimum.
     """
-    hashes = [word_hashes(t) for t in texts]
+    hashes = word_hashes(texts)
     lengths = np.array([len(h) for h in hashes], dtype=np.int64)
     counts = np.where(lengths >= n, lengths - n + 1, np.minimum(lengths, 1))
     offsets = np.concatenate(([0], np.cumsum(counts)))
