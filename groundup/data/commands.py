@@ -34,8 +34,11 @@ def curate(args: argparse.Namespace) -> None:
         if stage["removed_docs"]:
             print(f"  {stage['name']:<24} removed {stage['removed_docs']:>7,} documents "
                   f"({stage['removed_bytes'] / 1e6:.1f} MB) from {', '.join(stage['applies_to'])}")
-    mix = ", ".join(f"{d} {100 * c['share']:.1f}%" for d, c in report["mix"]["output"].items())
-    print(f"  mix (bytes out): {mix}")
+    if t["docs_out"] == 0:
+        print("  warning: no document was written; report.md shows which stage removed them")
+    else:
+        mix = ", ".join(f"{d} {100 * c['share']:.1f}%" for d, c in report["mix"]["output"].items())
+        print(f"  mix (bytes out): {mix}")
     print(f"{args.out / 'shards'}/, {args.out / 'report.md'}")
 
 
