@@ -84,6 +84,22 @@ class NewtonSchulzMuon(torch.optim.Optimizer):
         return loss
 
 
+if hasattr(torch.optim, "Muon"):
+
+    class _TorchMuon(torch.optim.Muon):
+        """torch.optim.Muon, whose Newton-Schulz iteration runs in bf16: on a CPU without bf16 matmul
+        instructions those matmuls run as fp32 arithmetic on the bf16 values (same numbers, ~30x faster)."""
+
+        def step(self, closure=None):
+            from groundup.train.precision import Bf16ViaFp32, cpu_has_native_bf16
+
+            on_cpu = all(p.device.type == "cpu" for g in self.param_groups for p in g["params"])
+            if on_cpu and not cpu_has_native_bf16():
+                with Bf16ViaFp32():
+                    return super().step(closure)
+            return super().step(closure)
+
+
 def _is_dtensor(p: torch.Tensor) -> bool:
     return type(p).__name__ == "DTensor"
 
@@ -131,8 +147,8 @@ def build_optimizers(model: nn.Module, cfg: OptimConfig) -> list[torch.optim.Opt
         params = [p for _, p in named["muon"]]
         if hasattr(torch.optim, "Muon"):
             # match_rms_adamw scales each update to AdamW's RMS, so one schedule drives both.
-            muon = torch.optim.Muon(params, lr=0.0, weight_decay=cfg.weight_decay, momentum=cfg.muon_momentum,
-                                    ns_steps=cfg.muon_ns_steps, adjust_lr_fn="match_rms_adamw")
+            muon = _TorchMuon(params, lr=0.0, weight_decay=cfg.weight_decay, momentum=cfg.muon_momentum,
+                              ns_steps=cfg.muon_ns_steps, adjust_lr_fn="match_rms_adamw")
         else:
             muon = NewtonSchulzMuon(params, lr=0.0, weight_decay=cfg.weight_decay, momentum=cfg.muon_momentum,
                                     ns_steps=cfg.muon_ns_steps)

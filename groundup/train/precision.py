@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -32,6 +33,7 @@ _MATMULS = {F.linear, torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__
             torch.bmm, torch.Tensor.bmm, torch.addmm, torch.baddbmm, F.scaled_dot_product_attention}
 
 
+@functools.lru_cache(maxsize=1)
 def cpu_has_native_bf16() -> bool:
     """True when this CPU has bf16 matmul instructions (AVX-512-BF16 or AMX)."""
     capability = torch.backends.cpu.get_cpu_capability()
