@@ -242,8 +242,8 @@ def test_cli_train_and_stats(tmp_path, capsys):
     with open(data, "a") as f:
         f.write('{"no_text": 1}\n')
     out = tmp_path / "tok"
-    assert main(["tokenizer", "train", "--input", str(data), "--vocab-size", "300", "--out", str(out),
-                 "--quiet", "holdout_fraction=0.1"]) == 0
+    assert main(["tokenizer", "train", "--vocab-size", "300", "--out", str(out), "--quiet",
+                 "--input", str(data), "holdout_fraction=0.1"]) == 0  # the override follows --input's paths
     printed = capsys.readouterr().out
     assert "vocabulary 300" in printed and "held-out documents" in printed and "1 no text" in printed
     tok = Tokenizer.load(out)

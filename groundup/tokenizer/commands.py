@@ -30,8 +30,15 @@ def _config_arguments(p: argparse.ArgumentParser, config: str, example: str) -> 
 
 
 def _load_config(cls, args: argparse.Namespace, **flags):
-    """Defaults, then --config, then key=value arguments, then the dedicated flags that were given."""
-    return load_config(cls, args.config, [*args.overrides, *(f"{k}={v}" for k, v in flags.items() if v is not None)])
+    """Defaults, then --config, then key=value arguments, then the dedicated flags that were given.
+
+    `--input a.jsonl vocab_size=4096`: argparse gives the override to --input (nargs="+"), so a
+    key=value "input" that is not an existing path is taken back as an override.
+    """
+    moved = [str(p) for p in args.input if "=" in str(p) and not p.exists()]
+    args.input = [p for p in args.input if str(p) not in moved]
+    extra = [f"{k}={v}" for k, v in flags.items() if v is not None]
+    return load_config(cls, args.config, [*moved, *args.overrides, *extra])
 
 
 def train_arguments(p: argparse.ArgumentParser) -> None:
