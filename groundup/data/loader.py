@@ -145,8 +145,9 @@ class TokenLoader:
         self._batch = 0
         self._cursor = {d: [0, 0] for d in self.domains}  # domain -> [epoch, position in this rank's order]
         self._order_cache: dict[str, tuple[int, np.ndarray]] = {}
-        for d in self._sampled:  # fail now, not at the first batch, if a domain is too small
-            self._order(d, 0)
+        if split == "train":  # fail now, not after model setup, if a domain is too small for the ranks;
+            for d in self._sampled:  # a validation split only needs eval_batches, which any size allows
+                self._order(d, 0)
 
     # ------------------------------------------------------------------ sampling
 
