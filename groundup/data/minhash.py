@@ -4,7 +4,8 @@ A document is the set of its word 5-grams (lower-cased `\\w+` words). Words are 
 all at once by `hashing.hash_words` (xxhash's xor-multiply-mix loop, vectorised: a Python call per
 word made this twice as slow), a shingle's hash combines its words' hashes (multiply-add, then
 splitmix64's finaliser), and each of the bands x rows permutations is
-`a * h + b` in wrapping uint64 arithmetic with odd `a` (a bijection on 64-bit values). Shingles of
+`a * h + b` in wrapping uint64 arithmetic with odd `a` (a bijection on 64-bit values), whose high and
+low 32 bits serve as two rows of the signature (`MinHasher.signatures_from`). Shingles of
 many documents are concatenated, so 20,000 short math problems cost a few array operations, not
 20,000 Python loops.
 
@@ -41,13 +42,14 @@ def _word_bytes(text: str) -> bytes:
     return b" ".join(w.encode("utf-8", errors="surrogatepass") for w in _WORDS.findall(text.lower()))
 
 
-def word_hashes(texts: Sequence[str]) -> list[np.ndarray]:
-    """Each document's word hashes, computed in one `hash_words` call for the whole batch."""
+def word_hashes(texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """All documents' word hashes, concatenated, and each document's word count: one
+    `hash_words` call for the whole batch."""
     parts = [_word_bytes(t) for t in texts]
     ends = np.cumsum([len(p) + 1 for p in parts])  # + 1: the space that joins them
     hashes, starts = hash_words(b" ".join(parts))
     bounds = np.searchsorted(starts, ends - 1)
-    return np.split(hashes, bounds[:-1])
+    return hashes, np.diff(np.concatenate(([0], bounds)))
 
 
 def shingle_batch(texts: Sequence[str], n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -57,18 +59,18 @@ def shingle_batch(texts: Sequence[str], n: int) -> tuple[np.ndarray, np.ndarray]
     boundary are dropped; a document with fewer than `n` words is one shingle of all its words.
     Repeated shingles are kept: they cannot change a minimum.
     """
-    hashes = word_hashes(texts)
-    lengths = np.array([len(h) for h in hashes], dtype=np.int64)
+    words, lengths = word_hashes(texts)
     counts = np.where(lengths >= n, lengths - n + 1, np.minimum(lengths, 1))
     offsets = np.concatenate(([0], np.cumsum(counts)))
     out = np.empty(int(offsets[-1]), dtype=np.uint64)
-    words = np.concatenate(hashes) if hashes else np.zeros(0, dtype=np.uint64)
+    word_ends = np.cumsum(lengths)
     if len(words) >= n:
-        ends = np.repeat(np.cumsum(lengths), lengths)[: len(words) - n + 1]
+        ends = np.repeat(word_ends, lengths)[: len(words) - n + 1]
         valid = np.arange(len(words) - n + 1) + n <= ends
         out[np.repeat(lengths >= n, counts)] = fmix64(window_hashes(words, n)[valid])
     for doc in np.flatnonzero((lengths > 0) & (lengths < n)):
-        out[offsets[doc]] = fmix64(window_hashes(hashes[doc], int(lengths[doc])))[0]
+        start = word_ends[doc] - lengths[doc]
+        out[offsets[doc]] = fmix64(window_hashes(words[start:word_ends[doc]], int(lengths[doc])))[0]
     return out, offsets
 
 
@@ -81,20 +83,27 @@ class MinHasher:
     def __init__(self, cfg: MinHashConfig):
         self.cfg = cfg
         rng = np.random.default_rng(cfg.seed)
-        count = cfg.bands * cfg.rows
-        self.a = rng.integers(0, np.iinfo(np.uint64).max, count, dtype=np.uint64, endpoint=True) | np.uint64(1)
-        self.b = rng.integers(0, np.iinfo(np.uint64).max, count, dtype=np.uint64, endpoint=True)
+        self.count = cfg.bands * cfg.rows
+        pairs = (self.count + 1) // 2  # each 64-bit permutation gives two 32-bit values (see signatures_from)
+        self.a = rng.integers(0, np.iinfo(np.uint64).max, pairs, dtype=np.uint64, endpoint=True) | np.uint64(1)
+        self.b = rng.integers(0, np.iinfo(np.uint64).max, pairs, dtype=np.uint64, endpoint=True)
 
     def signatures_from(self, shingles: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-        """(documents, bands * rows) minima; a document without shingles gets all-max values.
+        """(documents, bands * rows) uint32 minima; a document without shingles gets all-max values.
 
-        Blocks of `_BLOCK` shingles go through one preallocated (block x permutations) buffer that
-        stays in cache; within a block each document is one segment (`np.minimum.reduceat`), and
-        a document spanning blocks keeps a running minimum.
+        Each 64-bit permutation `a * h + b` yields two signature values, its high and its low 32
+        bits (two hash functions of the 64-bit shingle hash: the high half depends on all of h,
+        the low half is a bijection of h's low half), so one multiply-add serves two rows and the
+        minimum runs over half the bytes; 32-bit values are what datasketch keeps too. Blocks of
+        `_BLOCK` shingles go through one preallocated buffer that stays in cache; within a block
+        each document is one segment (`np.minimum.reduceat`), and a document spanning blocks
+        keeps a running minimum.
         """
         n_docs = len(offsets) - 1
-        sig = np.full((n_docs, len(self.a)), np.iinfo(np.uint64).max, dtype=np.uint64)
-        buf = np.empty((_BLOCK, len(self.a)), dtype=np.uint64)
+        pairs = len(self.a)
+        sig = np.full((n_docs, 2 * pairs), np.iinfo(np.uint32).max, dtype=np.uint32)
+        buf = np.empty((_BLOCK, pairs), dtype=np.uint64)
+        halves = buf.view(np.uint32)  # (block, 2 * pairs): low, high, low, high, ... (little-endian)
         doc_starts = offsets[:-1][np.diff(offsets) > 0]
         with np.errstate(over="ignore"):
             for b0 in range(0, len(shingles), _BLOCK):
@@ -104,8 +113,8 @@ class MinHasher:
                 block += self.b
                 seg = np.concatenate(([b0], doc_starts[(doc_starts > b0) & (doc_starts < b1)]))
                 docs = np.searchsorted(offsets, seg, side="right") - 1
-                sig[docs] = np.minimum(sig[docs], np.minimum.reduceat(block, seg - b0, axis=0))
-        return sig
+                sig[docs] = np.minimum(sig[docs], np.minimum.reduceat(halves[: b1 - b0], seg - b0, axis=0))
+        return sig[:, : self.count]
 
     def signatures(self, shingles: Sequence[np.ndarray]) -> np.ndarray:
         sizes = np.array([len(s) for s in shingles], dtype=np.int64)
@@ -119,7 +128,7 @@ class MinHasher:
         with np.errstate(over="ignore"):
             key = np.zeros((len(signatures), bands), dtype=np.uint64)
             for r in range(rows):
-                key = fmix64(key * MIX + sig[:, :, r])
+                key = fmix64(key * MIX + sig[:, :, r].astype(np.uint64))
         key[key == NO_KEY] = np.uint64(1)  # keep NO_KEY free to mean "no key"
         key[~has_shingles] = NO_KEY
         return key
