@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from tokenizer_helpers import small_corpus, trained_tokenizer, trained_tokenizer_dir, write_jsonl  # noqa: E402
+from tokenizer_helpers import small_corpus, tok, trained_tokenizer_dir, write_jsonl  # noqa: E402, F401  (tok: fixture)
 
 from groundup.cli import main  # noqa: E402
 from groundup.data.shards import (  # noqa: E402
@@ -24,11 +24,6 @@ from groundup.data.shards import (  # noqa: E402
 )
 from groundup.errors import DataError  # noqa: E402
 from groundup.tokenizer import Tokenizer  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def tok(tmp_path_factory) -> Tokenizer:
-    return trained_tokenizer(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from tokenizer_helpers import (  # noqa: E402
+from tokenizer_helpers import (  # noqa: E402, F401  (tok is a fixture)
     SMALL_VOCAB,
     small_corpus,
-    trained_tokenizer,
+    tok,
     trained_tokenizer_dir,
     write_jsonl,
 )
@@ -22,11 +22,6 @@ from groundup.cli import main  # noqa: E402
 from groundup.errors import ConfigError, DataError  # noqa: E402
 from groundup.tokenizer import SPECIAL_TOKENS, Tokenizer, TokenizerConfig, train_tokenizer  # noqa: E402
 from groundup.tokenizer.tokenizer import META_FILE, TOKENIZER_FILE  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def tok(tmp_path_factory) -> Tokenizer:
-    return trained_tokenizer(tmp_path_factory)
 
 
 # Code points drawn for random text: ASCII, Latin-1, combining marks, Greek, Cyrillic, Arabic, Devanagari,

@@ -9,6 +9,8 @@ import itertools
 import json
 from pathlib import Path
 
+import pytest
+
 from groundup.corpus import chunk_text, generate_math_records, iter_shakespeare, iter_stdlib_code
 from groundup.tokenizer import Tokenizer, TokenizerConfig, train_tokenizer
 
@@ -46,3 +48,9 @@ def trained_tokenizer_dir(tmp_path_factory) -> Path:
 
 def trained_tokenizer(tmp_path_factory) -> Tokenizer:
     return Tokenizer.load(trained_tokenizer_dir(tmp_path_factory))
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory) -> Tokenizer:
+    """The session's small tokenizer, as a fixture (test modules import it by name)."""
+    return trained_tokenizer(tmp_path_factory)
