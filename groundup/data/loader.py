@@ -22,6 +22,12 @@ takes every world_size-th window from position r, so ranks read disjoint data. A
     this way expects prompts to start with the begin-of-text id.
 A domain whose epoch ends starts its next epoch (new permutation, new offset); `epochs` counts them.
 
+State (`state_dict`): version, batch (batches drawn), cursors {domain: [epoch, position]} where
+position p on rank r means windows r, r+W, ..., r+(p-1)W of the epoch's permutation (W =
+world_size; the permutation does not depend on W, which lets a checkpoint be re-sharded), plus
+the settings that must match to resume: split, seq_len, batch_size, rank, world_size, seed,
+bos_aligned, weights, tokenizer_hash and the split's token count.
+
 Validation: `eval_batches(domain=None)` walks the split's token stream of each domain (or of one)
 in fixed windows of seq_len+1 with stride seq_len, led by an end-of-text id so that every token of
 the split is a target exactly once; the last window is padded with IGNORE_INDEX targets, and rank r
