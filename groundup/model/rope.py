@@ -24,8 +24,41 @@ def rope_tables(head_dim: int, max_len: int, theta: float, scaling: str = "none"
     return angles.cos().float(), angles.sin().float()
 
 
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sign: float) -> torch.Tensor:
+    """x * cos + rotate_half(x) * sign * sin, written half by half into one output (no cat, no neg).
+
+    Uses the first half of cos/sin only: rope_tables repeats the frequencies in both halves.
+    """
+    half = x.shape[-1] // 2
+    c, s = cos[..., :half], sin[..., :half]
+    x1, x2 = x[..., :half], x[..., half:]
+    out = torch.empty_like(x)
+    o1, o2 = out[..., :half], out[..., half:]
+    torch.mul(x1, c, out=o1).addcmul_(x2, s, value=-sign)
+    torch.mul(x2, c, out=o2).addcmul_(x1, s, value=sign)
+    return out
+
+
+class _RopeFunction(torch.autograd.Function):
+    """RoPE is a rotation, so its backward is the rotation by -angle: two fused passes instead of
+    autograd's walk back through cat, neg, slices and broadcasts (the tables need no gradient)."""
+
+    @staticmethod
+    def forward(ctx, x, cos, sin):
+        ctx.save_for_backward(cos, sin)
+        return _rotate(x, cos, sin, 1.0)
+
+    @staticmethod
+    def backward(ctx, grad):
+        cos, sin = ctx.saved_tensors
+        return _rotate(grad, cos, sin, -1.0), None, None
+
+
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate x (B, H, T, D) by cos/sin of shape (T, D) or (B, 1, T, D)."""
+    if (x.dtype == cos.dtype == sin.dtype and not (cos.requires_grad or sin.requires_grad)
+            and torch.broadcast_shapes(x.shape, cos.shape, sin.shape) == x.shape):
+        return _RopeFunction.apply(x, cos, sin) if x.requires_grad else _rotate(x, cos, sin, 1.0)
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]
     rotated = torch.cat([-x2, x1], dim=-1)
