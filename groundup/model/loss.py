@@ -53,15 +53,20 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
             if softcap:
                 tanh = torch.tanh(logits / softcap)
                 logits = softcap * tanh
-            lse = torch.logsumexp(logits, dim=-1)
             safe_t = tc.clamp_min(0).unsqueeze(1)
-            ce_sum += ((lse - logits.gather(1, safe_t).squeeze(1)) * vc).sum()
+            target_logit = logits.gather(1, safe_t).squeeze(1)
+            # logsumexp by hand, in place: exp(z - max) is also the unnormalised softmax the
+            # gradient needs, so the (rows x vocab) block is exponentiated once, not twice.
+            peak = logits.amax(dim=-1, keepdim=True)
+            e = logits.sub_(peak).exp_()
+            total = e.sum(dim=-1)
+            lse = peak.squeeze(1) + total.log()
+            ce_sum += ((lse - target_logit) * vc).sum()
             z_sum += (lse.square() * vc).sum()
             if not (need_grad_h or need_grad_w):
                 continue
-            # d(ce)/dz = softmax - onehot; d(z_coef * lse^2)/dz = 2 z_coef lse softmax.
-            g = logits.sub_(lse.unsqueeze(1)).exp_()
-            g.mul_(((1 + 2 * z_coef * lse) * vc / n_valid).unsqueeze(1))
+            # d(ce)/dz = softmax - onehot; d(z_coef * lse^2)/dz = 2 z_coef lse softmax; softmax = e / total.
+            g = e.mul_(((1 + 2 * z_coef * lse) * vc / (n_valid * total)).unsqueeze(1))
             g.scatter_add_(1, safe_t, (-vc / n_valid).unsqueeze(1))
             if softcap:
                 g.mul_(1 - tanh.square())
