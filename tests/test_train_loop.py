@@ -164,3 +164,16 @@ def test_evaluate_reports_bits_per_byte_per_domain(shards, tmp_path):
     assert list(one["domains"]) == ["math"] and one["bpb"] == pytest.approx(with_tok["domains"]["math"]["bpb"])
     quick = evaluate(model, shards, seq_len=64, tokenizer=tok, max_batches=1, batch_size=2)
     assert 0 < quick["tokens"] < with_tok["tokens"] and math.isfinite(quick["bpb"])
+
+
+def test_example_configs_load():
+    from pathlib import Path
+
+    from groundup.config import load_config
+    from groundup.train import TrainConfig
+
+    paths = sorted((Path(__file__).parents[1] / "configs").glob("train-*.toml"))
+    assert len(paths) >= 3
+    for path in paths:
+        cfg = load_config(TrainConfig, path)
+        assert cfg.data.shards and cfg.train.max_steps > 0, path

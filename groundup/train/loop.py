@@ -83,7 +83,9 @@ def train(cfg: TrainConfig, out_dir: str | Path, resume: bool = False) -> dict:
         d.close()
 
 
-def _build(t: Trainer, cfg: TrainConfig, d: Dist) -> None:
+def build(t: Trainer, cfg: TrainConfig, d: Dist, loader=None) -> None:
+    """Model, precision, wrapping, optimizers, schedule, guard and (unless given) the data loader."""
+    t.cfg, t.dist = cfg, d
     torch.manual_seed(cfg.train.seed)  # the same initial weights on every process
     meta = d.strategy == "fsdp" and cfg.distributed.meta_init
     with torch.device("meta" if meta else d.device):
@@ -101,7 +103,7 @@ def _build(t: Trainer, cfg: TrainConfig, d: Dist) -> None:
     t.master_moe, t.compute_moe = t.precision.master.moe_layers(), compute.moe_layers()
     t.schedule = Schedule(cfg.schedule, cfg.train.max_steps)
     t.guard = SpikeGuard(cfg.stability)
-    t.loader = TokenLoader(cfg.data.shards, "train", cfg.train.seq_len, cfg.train.batch_size, rank=d.rank,
+    t.loader = loader or TokenLoader(cfg.data.shards, "train", cfg.train.seq_len, cfg.train.batch_size, rank=d.rank,
                            world_size=d.world_size, seed=cfg.train.seed, domain_weights=cfg.data.domain_weights,
                            bos_aligned=cfg.data.bos_aligned, expected_tokenizer_hash=t.tok.hash)
     torch.manual_seed(cfg.train.seed + 1 + d.rank)  # dropout masks differ between processes
@@ -199,7 +201,7 @@ def _run(cfg: TrainConfig, out: Path, resume: bool, d: Dist, stop: dict) -> dict
     cfg, t.tok, changes = prepare(cfg, out, resume, d.is_main, note)
     t.cfg = cfg
     d.barrier()  # the run directory exists before any process writes into it
-    _build(t, cfg, d)
+    build(t, cfg, d)
     offset, resumed_from = 0, None
     if resume:
         found = ckpt.find_resumable(out, note) if d.is_main else None
