@@ -33,7 +33,7 @@ from groundup.train.distributed import (Dist, full_model_state, full_optimizer_s
 from groundup.train.metrics import MetricsLog, peak_flops, truncate_metrics
 from groundup.train.optimizers import build_optimizers
 from groundup.train.precision import Precision
-from groundup.train.run import check_compatible, prepare
+from groundup.train.run import check_compatible, prepare, write_run_files
 from groundup.train.schedules import Schedule
 from groundup.train.stability import SpikeGuard
 from groundup.train.step import train_step
@@ -103,9 +103,10 @@ def build(t: Trainer, cfg: TrainConfig, d: Dist, loader=None) -> None:
     t.master_moe, t.compute_moe = t.precision.master.moe_layers(), compute.moe_layers()
     t.schedule = Schedule(cfg.schedule, cfg.train.max_steps)
     t.guard = SpikeGuard(cfg.stability)
-    t.loader = loader or TokenLoader(cfg.data.shards, "train", cfg.train.seq_len, cfg.train.batch_size, rank=d.rank,
-                           world_size=d.world_size, seed=cfg.train.seed, domain_weights=cfg.data.domain_weights,
-                           bos_aligned=cfg.data.bos_aligned, expected_tokenizer_hash=t.tok.hash)
+    t.loader = loader or TokenLoader(
+        cfg.data.shards, "train", cfg.train.seq_len, cfg.train.batch_size, rank=d.rank, world_size=d.world_size,
+        seed=cfg.train.seed, domain_weights=cfg.data.domain_weights, bos_aligned=cfg.data.bos_aligned,
+        expected_tokenizer_hash=t.tok.hash)
     torch.manual_seed(cfg.train.seed + 1 + d.rank)  # dropout masks differ between processes
 
 
@@ -198,9 +199,12 @@ def _run(cfg: TrainConfig, out: Path, resume: bool, d: Dist, stop: dict) -> dict
     t.began = time.time()
     t.dist, t.run_dir = d, out
     note = print if d.is_main else (lambda *_: None)
-    cfg, t.tok, changes = prepare(cfg, out, resume, d.is_main, note)
+    cfg, t.tok, changes, tok_dir = prepare(cfg, out, resume, d.is_main)
     t.cfg = cfg
-    d.barrier()  # the run directory exists before any process writes into it
+    d.barrier()  # every process has checked the directory before the main one writes into it
+    if d.is_main:
+        write_run_files(cfg, out, tok_dir, resume, changes)
+    d.barrier()
     build(t, cfg, d)
     offset, resumed_from = 0, None
     if resume:
@@ -246,8 +250,10 @@ def _loop(t: Trainer, log: MetricsLog, stop: dict) -> dict:
         t.gated += r.gated
         interval_time += took
         interval_tokens += per_step
-        session_time += took
-        session_tokens += per_step
+        # The session's first step allocates and warms up kernels: leave it out of the rate unless alone.
+        if t.step > start_step + 1 or t.step == cfg.train.max_steps:
+            session_time += took
+            session_tokens += per_step
         last_loss = r.loss
         log.advance()
         if r.gated:
@@ -289,7 +295,8 @@ def _loop(t: Trainer, log: MetricsLog, stop: dict) -> dict:
         "val_loss": last_eval.get("val_loss"), "val_bpb": last_eval.get("val_bpb"),
         "val_bpb_domains": {k.split("/", 1)[1]: v for k, v in last_eval.items() if k.startswith("val_bpb/")},
         "tokens_per_sec": rate, "mfu": rate * fpt / peak, "peak_flops": peak, "peak_flops_source": peak_source,
-        "train_time_s": t.elapsed, "wall_time_s": time.time() - t.began, "session_steps": t.step - start_step, "skipped_steps": t.guard.skipped,
+        "train_time_s": t.elapsed, "wall_time_s": time.time() - t.began, "session_steps": t.step - start_step,
+        "skipped_steps": t.guard.skipped,
         "gated_sequences": t.gated, "rollbacks": t.guard.rollbacks, "interrupted": interrupted,
         "precision": t.precision.mode, "world_size": d.world_size, "strategy": d.strategy,
     }

@@ -17,7 +17,7 @@ import dataclasses
 import shutil
 from pathlib import Path
 
-from groundup.config import load_config
+from groundup.config import load_config, save_config
 from groundup.data.shards import check_tokenizer, read_index
 from groundup.errors import CheckpointError, ConfigError, DataError
 from groundup.io import atomic_dir, ensure_writable_dir
@@ -54,10 +54,12 @@ def has_run(out: Path) -> bool:
     return (out / CONFIG_FILE).is_file() or (out / "checkpoints").is_dir()
 
 
-def prepare(cfg: TrainConfig, out: Path, resume: bool, is_main: bool, note=print) -> tuple[TrainConfig, Tokenizer, list[str]]:
-    """Check everything about the run directory and data; returns (resolved config, tokenizer, changes).
+def prepare(cfg: TrainConfig, out: Path, resume: bool, is_main: bool) -> tuple[TrainConfig, Tokenizer, list[str], Path]:
+    """Check everything about the run directory and data, writing nothing but the empty directory.
 
-    `changes` lists the allowed config differences of a resume (empty for a fresh run).
+    Returns (resolved config, tokenizer, changes, tokenizer directory); `changes` lists the allowed
+    config differences of a resume. Every process checks before any writes (see `write_run_files`),
+    so no process mistakes the main one's fresh config.toml for an earlier run.
     """
     if not cfg.data.shards:
         raise ConfigError("data.shards is not set: point it at a directory from 'groundup data tokenize'",
@@ -67,7 +69,8 @@ def prepare(cfg: TrainConfig, out: Path, resume: bool, is_main: bool, note=print
     if resume:
         if not (out / CONFIG_FILE).is_file():
             raise CheckpointError(f"{out}: no {CONFIG_FILE}, so not a training run directory to resume")
-        tok = Tokenizer.load(out / TOKENIZER_DIR)
+        tok_dir = out / TOKENIZER_DIR
+        tok = Tokenizer.load(tok_dir)
         cfg = _match_vocab(cfg, tok)
         saved = load_config(TrainConfig, out / CONFIG_FILE)
         check_compatible(saved, cfg, f"{out / CONFIG_FILE}")
@@ -82,15 +85,16 @@ def prepare(cfg: TrainConfig, out: Path, resume: bool, is_main: bool, note=print
         tok = Tokenizer.load(tok_dir)
         cfg = _match_vocab(cfg, tok)
     check_tokenizer(index, tok.hash, cfg.data.shards)
-    if is_main:
-        if not resume:
-            with atomic_dir(out / TOKENIZER_DIR) as tmp:
-                shutil.copytree(tok_dir, tmp, dirs_exist_ok=True)
-        if not resume or changes:
-            from groundup.config import save_config
+    return cfg, tok, changes, tok_dir
 
-            save_config(cfg, out / CONFIG_FILE)
-    return cfg, tok, changes
+
+def write_run_files(cfg: TrainConfig, out: Path, tok_dir: Path, resume: bool, changes: list[str]) -> None:
+    """The main process's writes before training: the tokenizer copy and the resolved config."""
+    if not resume:
+        with atomic_dir(out / TOKENIZER_DIR) as tmp:
+            shutil.copytree(tok_dir, tmp, dirs_exist_ok=True)
+    if not resume or changes:
+        save_config(cfg, out / CONFIG_FILE)
 
 
 def check_compatible(saved: TrainConfig, new: TrainConfig, where: str) -> None:
