@@ -86,9 +86,10 @@ def test_fsdp2_matches_one_process_and_checkpoints_cross_load(single, tmp_path):
     assert losses(tmp_path / "fsdp-then-single", 6) == pytest.approx(losses(ref, 6), abs=1e-5)
     assert_weights_close(tmp_path / "fsdp-then-single", ref)
 
-    # And the one-process checkpoint of step 5, resumed under FSDP2.
+    # And the one-process checkpoint of step 5, resumed under FSDP2 built on the meta device.
     rewind(ref, tmp_path / "single-then-fsdp", 5)
-    torchrun(None, "--resume", str(tmp_path / "single-then-fsdp"), "distributed.strategy=fsdp")
+    torchrun(None, "--resume", str(tmp_path / "single-then-fsdp"), "distributed.strategy=fsdp",
+             "distributed.meta_init=true")
     assert summary(tmp_path / "single-then-fsdp")["strategy"] == "fsdp"
     assert losses(tmp_path / "single-then-fsdp", 6) == pytest.approx(losses(ref, 6), abs=1e-5)
     assert_weights_close(tmp_path / "single-then-fsdp", ref)
@@ -98,3 +99,21 @@ def _tiny():
     from tests.train_helpers import TINY
 
     return [o for o in TINY if not o.startswith(("train.batch_size", "train.threads"))]
+
+
+def test_meta_initialisation_leaves_no_memory_uninitialised():
+    """What FSDP's meta_init does per shard, on one process: every parameter and buffer is set."""
+    from groundup.model import Transformer
+    from tests.conftest import tiny_config
+
+    cfg = tiny_config(n_experts=4, moe_top_k=2, bias=True, norm="layernorm")
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    model.to_empty(device="cpu")
+    for t in [*model.parameters(), *model.buffers()]:
+        t.data.fill_(float("nan"))  # what to_empty may leave behind
+    model.reset_buffers()
+    with torch.no_grad():
+        model.init_weights()
+    assert all(torch.isfinite(t).all() for t in [*model.parameters(), *model.buffers()])
+    assert torch.equal(model.blocks[0].attn_norm.weight, torch.ones(cfg.d_model))

@@ -27,7 +27,7 @@ from groundup.model.loss import cross_entropy_with_z, fused_linear_cross_entropy
 from groundup.model.mla import MLAttention
 from groundup.model.mlp import MLP
 from groundup.model.moe import MoE
-from groundup.model.norm import make_norm
+from groundup.model.norm import RMSNorm, make_norm
 from groundup.model.rope import rope_tables
 
 
@@ -105,6 +105,8 @@ class Transformer(nn.Module):
 
     @torch.no_grad()
     def init_weights(self) -> None:
+        """Every parameter and persistent buffer, so a model materialised from the meta device with
+        `to_empty()` (FSDP's meta initialisation) holds no uninitialised memory."""
         cfg = self.cfg
         residual_std = cfg.init_std / math.sqrt(2 * cfg.n_layers)
         for module in self.modules():
@@ -113,8 +115,13 @@ class Transformer(nn.Module):
                 params = [module.weight]
                 if getattr(module, "bias", None) is not None:
                     module.bias.zero_()
+            elif isinstance(module, (RMSNorm, nn.LayerNorm)):
+                module.weight.fill_(1.0)
+                if getattr(module, "bias", None) is not None:
+                    module.bias.zero_()
             elif isinstance(module, MoE):
                 params = [module.experts_in, module.experts_out]
+                module.expert_bias.zero_()
             for p in params:
                 owner = module if isinstance(module, (nn.Linear, nn.Embedding)) else p
                 std = residual_std if getattr(owner, "is_residual_proj", False) else cfg.init_std

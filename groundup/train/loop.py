@@ -97,7 +97,12 @@ def build(t: Trainer, cfg: TrainConfig, d: Dist, loader=None) -> None:
     if meta:  # shards exist now: allocate and initialise them in place
         model.to_empty(device=d.device)
         model.reset_buffers()
-        model.init_weights()
+        if d.device.type == "cpu":
+            # DTensor has no RNG tracker on CPU meshes: each process draws its shards from its own
+            # generator, which must then differ between processes or the shards would repeat.
+            torch.manual_seed(cfg.train.seed + 1 + d.rank)
+        with torch.no_grad():
+            model.init_weights()
     t.step_model = torch.compile(t.model) if cfg.train.compile else t.model
     t.optimizers = build_optimizers(t.precision.master, cfg.optim)
     t.master_moe, t.compute_moe = t.precision.master.moe_layers(), compute.moe_layers()
