@@ -62,23 +62,24 @@ def assert_weights_close(a, b):
         torch.testing.assert_close(wa[k], wb[k], atol=1e-5, rtol=1e-4)
 
 
+def two_processes_match_one(shards, ref, run, strategy: str) -> None:
+    """A fresh 2-process run with `strategy` takes the reference run's steps (fp32 rounding apart)."""
+    torchrun(run, "--out", str(run), f"data.shards={shards}", *_tiny(), *COMMON, f"distributed.strategy={strategy}")
+    assert (summary(run)["strategy"], summary(run)["world_size"]) == (strategy, 2)
+    assert len(losses(run)) == STEPS
+    assert losses(run) == pytest.approx(losses(ref), abs=1e-5)
+    assert_weights_close(run, ref)
+
+
 def test_ddp_matches_one_process(single, tmp_path):
     shards, ref = single
-    run = tmp_path / "ddp"
-    torchrun(run, "--out", str(run), f"data.shards={shards}", *_tiny(), *COMMON, "distributed.strategy=ddp")
-    assert (summary(run)["strategy"], summary(run)["world_size"]) == ("ddp", 2)
-    assert losses(run) == pytest.approx(losses(ref), abs=1e-5)
-    assert len(losses(run)) == STEPS
-    assert_weights_close(run, ref)
+    two_processes_match_one(shards, ref, tmp_path / "ddp", "ddp")
 
 
 def test_fsdp2_matches_one_process_and_checkpoints_cross_load(single, tmp_path):
     shards, ref = single
     run = tmp_path / "fsdp"
-    torchrun(run, "--out", str(run), f"data.shards={shards}", *_tiny(), *COMMON, "distributed.strategy=fsdp")
-    assert (summary(run)["strategy"], summary(run)["world_size"]) == ("fsdp", 2)
-    assert losses(run) == pytest.approx(losses(ref), abs=1e-5)
-    assert_weights_close(run, ref)
+    two_processes_match_one(shards, ref, run, "fsdp")
 
     # The FSDP2 checkpoint of step 5, resumed by one process, takes the same steps 6-10.
     rewind(run, tmp_path / "fsdp-then-single", 5)

@@ -115,10 +115,15 @@ def build(t: Trainer, cfg: TrainConfig, d: Dist, loader=None) -> None:
     torch.manual_seed(cfg.train.seed + 1 + d.rank)  # dropout masks differ between processes
 
 
+def _state_owner(t: Trainer):
+    """The module whose weights and optimizer state a checkpoint holds: the fp32 master (FSDP: the sharded model)."""
+    return t.model if t.dist.strategy == "fsdp" else t.precision.master
+
+
 def _restore(t: Trainer, data: dict, note, *, loader: bool = True, rng: bool = True) -> None:
     """Load a checkpoint's state into the trainer (all processes)."""
     d = t.dist
-    target = t.model if d.strategy == "fsdp" else t.precision.master
+    target = _state_owner(t)
     load_model_state(target, data["model"], d)
     load_optimizer_state(target, t.optimizers, data["optimizer"], d)
     t.precision.master_to_compute()
@@ -138,7 +143,7 @@ def _restore(t: Trainer, data: dict, note, *, loader: bool = True, rng: bool = T
 def _save(t: Trainer, log: MetricsLog) -> Path | None:
     """Checkpoint the current step (every process takes part; the main one writes)."""
     d, cfg = t.dist, t.cfg
-    target = t.model if d.strategy == "fsdp" else t.precision.master
+    target = _state_owner(t)
     model_state = full_model_state(target, d)
     optim_state = full_optimizer_state(target, t.optimizers, d)
     rng = {"cpu": torch.get_rng_state()}
