@@ -116,6 +116,12 @@ def test_bad_input_fails_early_with_a_clear_message(shards, tmp_path):
         tiny_config(shards, "optim.learning_rate=1")
     with pytest.raises(ConfigError, match="train.seq_len"):
         tiny_config(shards, "train.seq_len=1024")
+    import importlib.util
+
+    if importlib.util.find_spec("tensorboard") is None:  # asked for, not installed: refused before any write
+        with pytest.raises(ConfigError, match="log.tensorboard = true needs the tensorboard package"):
+            train(tiny_config(shards, "log.tensorboard=true"), tmp_path / "tb")
+        assert not (tmp_path / "tb").exists()
     other_shards, other_tok = make_shards(tmp_path / "other", domains=("math",), vocab=300)
     with pytest.raises(DataError, match="tokenizer"):
         train(tiny_config(shards, f"data.tokenizer={other_tok}"), tmp_path / "c")

@@ -71,6 +71,15 @@ def peak_flops(device: torch.device, dtype: torch.dtype, override: float = 0.0) 
     return measure_matmul_flops(dtype, n), f"measured {dtype_name} matmul on CPU"
 
 
+def check_trackers(tensorboard: bool, wandb: bool) -> None:
+    """Fail before any work when a tracker is asked for but not installed."""
+    import importlib.util
+
+    for wanted, module, key in ((tensorboard, "tensorboard", "log.tensorboard"), (wandb, "wandb", "log.wandb")):
+        if wanted and importlib.util.find_spec(module) is None:
+            raise ConfigError(f"{key} = true needs the {module} package (pip install {module})", key=key)
+
+
 class MetricsLog:
     """Writes metrics.jsonl (main process only) and mirrors scalars to the progress bar and trackers."""
 
@@ -87,17 +96,12 @@ class MetricsLog:
             self.bar = tqdm(total=total_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True)
         self.tb = self.wandb = None
         if enabled and tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError:
-                raise ConfigError("log.tensorboard = true needs the tensorboard package (pip install tensorboard)",
-                                  key="log.tensorboard") from None
+            from torch.utils.tensorboard import SummaryWriter
+
             self.tb = SummaryWriter(str(run_dir / "tensorboard"))
         if enabled and wandb:
-            try:
-                import wandb as wandb_module
-            except ImportError:
-                raise ConfigError("log.wandb = true needs the wandb package (pip install wandb)", key="log.wandb") from None
+            import wandb as wandb_module
+
             self.wandb = wandb_module
             wandb_module.init(project=wandb_project, name=run_dir.name, config=run_config, resume="allow")
 

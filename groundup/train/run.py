@@ -23,6 +23,7 @@ from groundup.errors import CheckpointError, ConfigError, DataError
 from groundup.io import atomic_dir, ensure_writable_dir
 from groundup.model.io import TOKENIZER_DIR
 from groundup.tokenizer import Tokenizer
+from groundup.train.metrics import check_trackers
 from groundup.train.config import TrainConfig, resume_differences
 
 CONFIG_FILE = "config.toml"
@@ -61,6 +62,7 @@ def prepare(cfg: TrainConfig, out: Path, resume: bool, is_main: bool) -> tuple[T
     config differences of a resume. Every process checks before any writes (see `write_run_files`),
     so no process mistakes the main one's fresh config.toml for an earlier run.
     """
+    check_trackers(cfg.log.tensorboard, cfg.log.wandb)
     if not cfg.data.shards:
         raise ConfigError("data.shards is not set: point it at a directory from 'groundup data tokenize'",
                           key="data.shards")
