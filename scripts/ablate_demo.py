@@ -1,0 +1,79 @@
+"""Ablate the demo's pretraining recipe: each variant trains for the same wall-clock time.
+
+    .venv/bin/python scripts/ablate_demo.py --out /tmp/ablate --train-minutes 12 baseline muon wsd ...
+
+Every variant runs `groundup demo` in the same output directory, so the data stages (corpus,
+curation, tokenizer, token shards) run once and are reused, and only the probe, pretraining,
+evaluation and samples rerun. Each variant gets `--train-minutes` of training (plus the reserve
+for evaluation), as the 15-minute demo leaves for training after its data stages. Results land in
+OUT/ablation.jsonl (one line per variant) and are printed as a Markdown table; docs/demo-recipe.md
+records them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import time
+from pathlib import Path
+
+from groundup.cli import main as cli
+
+# name -> demo overrides over the current defaults (groundup/demo/config.py)
+VARIANTS: dict[str, list[str]] = {
+    "baseline": [],
+    "muon": ["pretrain.optim.name=muon", "pretrain.schedule.peak_lr=0.02"],
+    "wsd": ["pretrain.schedule.kind=wsd", "pretrain.schedule.decay_fraction=0.3"],
+    "lr1e-3": ["pretrain.schedule.peak_lr=1e-3", "pretrain.schedule.min_lr=1e-4"],
+    "lr6e-3": ["pretrain.schedule.peak_lr=6e-3", "pretrain.schedule.min_lr=6e-4"],
+    "small-d128-l4": ["pretrain.model.d_model=128", "pretrain.model.n_heads=4", "pretrain.model.d_ff=384"],
+    "wide-d256-l4": ["pretrain.model.d_model=256", "pretrain.model.n_heads=8", "pretrain.model.d_ff=704"],
+    "deep-d192-l6": ["pretrain.model.n_layers=6"],
+    "batch8": ["pretrain.train.batch_size=8"],
+    "batch32": ["pretrain.train.batch_size=32"],
+    "seq128": ["pretrain.train.seq_len=128", "pretrain.train.batch_size=32"],
+    "bf16-weights": ["pretrain.precision.mode=bf16-weights"],
+    "text-weighted": ["pretrain.data.domain_weights={text = 0.6, code = 0.3, math = 0.1}"],
+    "vocab8192": ["tokenizer.vocab_size=8192"],
+}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--train-minutes", type=float, default=12.0)
+    p.add_argument("--reserve-seconds", type=float, default=45.0)
+    p.add_argument("--extra", nargs="*", default=[], help="overrides applied to every variant")
+    p.add_argument("variants", nargs="+", choices=sorted(VARIANTS))
+    args = p.parse_args()
+    log = args.out / "ablation.jsonl"
+    args.out.mkdir(parents=True, exist_ok=True)
+    for name in args.variants:
+        overrides = [*args.extra, *VARIANTS[name], f"reserve_seconds={args.reserve_seconds}"]
+        budget = args.train_minutes + args.reserve_seconds / 60
+        start = time.perf_counter()
+        code = cli(["demo", "--out", str(args.out / "demo"), "--budget-minutes", str(budget), *overrides])
+        seconds = time.perf_counter() - start
+        demo = args.out / "demo"
+        row = {"variant": name, "overrides": overrides, "exit": code, "seconds": round(seconds, 1)}
+        if code == 0:
+            ev = json.loads((demo / "eval.json").read_text())
+            summary = json.loads((demo / "run" / "summary.json").read_text())
+            row.update(text_bpb=ev["domains"]["text"]["bpb"], code_bpb=ev["domains"]["code"]["bpb"],
+                       math_bpb=ev["domains"]["math"]["bpb"], all_bpb=ev["bpb"], steps=summary["steps"],
+                       tokens=summary["tokens"], tokens_per_sec=round(summary["tokens_per_sec"]))
+            shutil.copy2(demo / "report.md", args.out / f"report-{name}.md")
+        with log.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        print(json.dumps(row), flush=True)
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    print("\n| variant | text bpb | code bpb | math bpb | steps | tokens | tokens/s |\n| --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        if r.get("exit") == 0:
+            print(f"| {r['variant']} | {r['text_bpb']:.4f} | {r['code_bpb']:.4f} | {r['math_bpb']:.4f} | "
+                  f"{r['steps']:,} | {r['tokens']:,} | {r['tokens_per_sec']:,} |")
+
+
+if __name__ == "__main__":
+    main()
