@@ -49,9 +49,11 @@ def test_cached_batched_greedy_equals_argmax_of_full_forward(tok, variant):
     out = gen.generate_ids(prompts, max_new_tokens=24, temperature=0, stop_ids=())
     for prompt, got in zip(prompts, out):
         assert got == _greedy_by_full_forward(model, prompt, 24)
-    # The static-shape step behind --compile (run here without compiling) decodes the same tokens.
-    gen.static = StaticDecoder(model, compile=False)
-    assert gen.generate_ids(prompts, max_new_tokens=24, temperature=0, stop_ids=()) == out
+    # The step behind --compile (run here without compiling) decodes the same tokens, attending
+    # over the filled prefix (CPU) or the whole buffer with unwritten positions masked (CUDA).
+    for full_span in (False, True):
+        gen.static = StaticDecoder(model, compile=False, full_span=full_span)
+        assert gen.generate_ids(prompts, max_new_tokens=24, temperature=0, stop_ids=()) == out
 
 
 def test_a_prompt_completes_the_same_alone_and_in_a_batch(gen):

@@ -188,7 +188,7 @@ class Generator:
         pad_lens = torch.tensor(pad, device=self.device) if any(pad) else None
         sampler = Sampler(cfg, rows, self.tokenizer.vocab_size, self.device)
         if self.static is not None:
-            cache = self.static.new_cache(len(rows), pad_lens)
+            cache = self.static.new_cache(len(rows), longest + n_new, pad_lens)
             step = self.static.step
         else:
             cache = KVCache(self.cfg, len(rows), longest + n_new, self.device, self.dtype, pad_lens)

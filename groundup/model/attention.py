@@ -74,6 +74,8 @@ def _attend_grouped(q, k, v, mask: AttnMask, scale: float, softcap: float, dropo
     B, H, Tq, _ = q.shape
     Hkv, Tk = k.shape[1], k.shape[2]
     n_rep = H // Hkv
+    if Tq == 1 and torch.compiler.is_compiling():
+        return _attend_one_compiled(q, k, v, mask, scale, softcap)
     scores = (q.reshape(B, Hkv, n_rep * Tq, -1) @ k.transpose(-2, -1)).float() * scale
     if softcap:
         scores = softcap * torch.tanh(scores / softcap)
@@ -87,6 +89,26 @@ def _attend_grouped(q, k, v, mask: AttnMask, scale: float, softcap: float, dropo
     if dropout:
         probs = F.dropout(probs, p=dropout)
     return (probs @ v).view(B, H, Tq, v.shape[-1])
+
+
+def _attend_one_compiled(q, k, v, mask: AttnMask, scale: float, softcap: float) -> torch.Tensor:
+    """One query per row as products and sums, which inductor fuses into passes over the cache.
+
+    As matmuls, inductor's GEMM templates would repack the whole cache at every step (and SDPA's
+    CPU kernel is slower still for a few query rows); normalising after the weighted sum keeps the
+    exponentials out of the per-output-element loop.
+    """
+    B, H, _, D = q.shape
+    Hkv, Tk = k.shape[1], k.shape[2]
+    q = q.reshape(B, Hkv, H // Hkv, 1, D)
+    scores = (q * k.unsqueeze(2)).sum(-1, dtype=torch.float32) * scale  # (B, Hkv, n_rep, Tk)
+    if softcap:
+        scores = softcap * torch.tanh(scores / softcap)
+    if mask.mask is not None:
+        scores = scores.masked_fill(~mask.mask.reshape(-1, 1, 1, Tk), float("-inf"))
+    e = (scores - scores.amax(dim=-1, keepdim=True)).exp()
+    y = (e.to(q.dtype).unsqueeze(-1) * v.unsqueeze(2)).sum(-2) / e.sum(dim=-1, keepdim=True).to(q.dtype)
+    return y.reshape(B, H, 1, v.shape[-1])
 
 
 class Attention(nn.Module):

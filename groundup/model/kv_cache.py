@@ -32,17 +32,18 @@ class LayerCache:
 
 
 class StaticLayerCache:
-    """A layer's buffers written at a position held in a tensor, attended to in full (the caller
-    masks positions not yet written). Shapes never change and no Python int moves, so a compiled
-    decode step (torch.compile, CUDA graphs) serves every position without recompiling."""
+    """A layer's buffers written at a position held in a tensor (no Python int moves, so a compiled
+    decode step serves every position); attention sees the first `span` positions: the whole
+    buffer, with unwritten positions masked (fixed shapes for CUDA graphs), or the filled prefix
+    (a dynamic dimension for torch.compile on CPU)."""
 
-    def __init__(self, a: torch.Tensor, b: torch.Tensor, seq_dim: int, pos: torch.Tensor):
-        self.a, self.b, self.seq_dim, self.pos = a, b, seq_dim, pos
+    def __init__(self, a: torch.Tensor, b: torch.Tensor, seq_dim: int, pos: torch.Tensor, span: int):
+        self.a, self.b, self.seq_dim, self.pos, self.span = a, b, seq_dim, pos, span
 
     def update(self, a_new: torch.Tensor, b_new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         self.a.index_copy_(self.seq_dim, self.pos, a_new)
         self.b.index_copy_(self.seq_dim, self.pos, b_new)
-        return self.a, self.b
+        return self.a.narrow(self.seq_dim, 0, self.span), self.b.narrow(self.seq_dim, 0, self.span)
 
 
 class KVCache:

@@ -56,8 +56,11 @@ class _RopeFunction(torch.autograd.Function):
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate x (B, H, T, D) by cos/sin of shape (T, D) or (B, 1, T, D)."""
+    # Under torch.compile the plain formula below is what inductor fuses; dynamo cannot trace
+    # `out=` into slices (it would break the graph at every layer).
     if (x.dtype == cos.dtype == sin.dtype and not (cos.requires_grad or sin.requires_grad)
-            and torch.broadcast_shapes(x.shape, cos.shape, sin.shape) == x.shape):
+            and torch.broadcast_shapes(x.shape, cos.shape, sin.shape) == x.shape
+            and not torch.compiler.is_compiling()):
         return _RopeFunction.apply(x, cos, sin) if x.requires_grad else _rotate(x, cos, sin, 1.0)
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]
