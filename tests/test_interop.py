@@ -145,7 +145,9 @@ def test_import_reads_a_config_without_groundup_fields_and_bf16_weights(tmp_path
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     del config["groundup_model_config"]  # as a model from the Hub would be
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
-    import_hf(tmp_path / "hf", tmp_path / "back")
+    (tmp_path / "hf" / "tokenizer.json").write_text('{"model": {"type": "Unigram"}}')  # not groundup's format
+    _, no_tokenizer = import_hf(tmp_path / "hf", tmp_path / "back")
+    assert "model type is 'Unigram'" in no_tokenizer and not (tmp_path / "back" / "tokenizer").exists()
     again = load_model(tmp_path / "back")
     assert again.embed.weight.dtype == torch.bfloat16 and again.cfg.qk_norm and not again.cfg.tie_embeddings
     assert torch.equal(again.embed.weight, model.embed.weight.to(torch.bfloat16))
@@ -199,3 +201,19 @@ def test_import_refuses_what_groundup_cannot_compute_and_pickles(tmp_path):
         import_hf(tmp_path / "hf", tmp_path / "back")
     with pytest.raises(CheckpointError, match="not a Hugging Face model directory"):
         import_hf(tmp_path / "ours", tmp_path / "back")
+
+
+def test_export_and_import_commands(tmp_path, capsys):
+    from groundup.cli import main
+
+    model_dir(tmp_path / "ours", tiny_model(seed=4))
+    assert main(["export", "hf", "--checkpoint", str(tmp_path / "ours"), "--out", str(tmp_path / "hf")]) == 0
+    assert "(llama)" in capsys.readouterr().out
+    assert main(["import", "hf", "--model", str(tmp_path / "hf"), "--out", str(tmp_path / "back")]) == 0
+    assert "from a llama model" in capsys.readouterr().out
+    assert Generator.from_checkpoint(tmp_path / "back").generate(["To be"], max_new_tokens=8, temperature=0) == \
+        Generator.from_checkpoint(tmp_path / "ours").generate(["To be"], max_new_tokens=8, temperature=0)
+    model_dir(tmp_path / "gpt2", tiny_model(norm="layernorm", bias=True, mlp="gelu"))
+    assert main(["export", "hf", "--checkpoint", str(tmp_path / "gpt2"), "--out", str(tmp_path / "hf2")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: cannot export norm = 'layernorm'") and "Traceback" not in err
