@@ -52,6 +52,9 @@ class StaticDecoder:
             self._step = torch.compile(step, dynamic=False, mode="reduce-overhead")
         else:
             self._step = torch.compile(step)
+        self._inductor_options = {} if self.device.type != "cpu" else dict(CPU_INDUCTOR_OPTIONS)
+        if self.cfg.attention == "mla":  # its absorbed-weight einsums have no C++ template: allow BLAS
+            self._inductor_options["max_autotune_gemm_backends"] = "CPP,ATEN"
         self._all_keys = torch.ones(1, 1, 1, self.cfg.max_seq_len, dtype=torch.bool, device=self.device)
 
     def new_cache(self, batch_size: int, length: int, pad_lens: torch.Tensor | None) -> KVCache:
@@ -65,7 +68,7 @@ class StaticDecoder:
                     if self.full_span:
                         torch._dynamo.mark_static_address(buf)
                     else:  # one CPU graph for every buffer length too
-                        torch._dynamo.mark_dynamic(buf, layer.seq_dim)
+                        torch._dynamo.maybe_mark_dynamic(buf, layer.seq_dim)
             self._caches[(batch_size, length)] = cache
         cache.reset(pad_lens)
         return cache
@@ -80,9 +83,12 @@ class StaticDecoder:
         else:
             mask = valid[..., : cache.pos + 1]
             if self.compiled:
-                torch._dynamo.mark_dynamic(mask, 3)
+                # "maybe": where the model breaks the graph (MoE routing reads expert counts on the
+                # host), the frames after the break see the cache as fresh inputs and specialise to
+                # a length once before dynamo makes them dynamic too; mark_dynamic would refuse that.
+                torch._dynamo.maybe_mark_dynamic(mask, 3)
         buffers = [(layer.a, layer.b, layer.seq_dim) for layer in cache.layers]
-        with torch._inductor.config.patch(CPU_INDUCTOR_OPTIONS if self.device.type == "cpu" else {}):
+        with torch._inductor.config.patch(self._inductor_options):
             logits = self._step(tokens, pos, buffers, cache.pad_lens, mask)
         cache.advance(1)
         return logits
