@@ -87,6 +87,14 @@ def test_bf16_modes_learn_and_save_fp32_weights(shards, tmp_path, mode):
     assert model.embed.weight.dtype == torch.float32  # the master weights, not the bf16 copy
 
 
+def test_activation_checkpointing_takes_the_same_steps(shards, tmp_path):
+    base = ["train.max_steps=3", "eval.at_end=false"]
+    train(tiny_config(shards, *base), tmp_path / "plain")
+    train(tiny_config(shards, *base, "train.grad_checkpointing=true"), tmp_path / "recompute")
+    plain, recompute = metrics(tmp_path / "plain")[0], metrics(tmp_path / "recompute")[0]
+    assert [s["loss"] for s in recompute] == pytest.approx([s["loss"] for s in plain], abs=1e-6)
+
+
 def test_bf16_via_fp32_matches_bf16_arithmetic():
     """fp32 math on bf16 values, rounded once, is what a bf16 matmul with fp32 accumulation gives."""
     from groundup.train.precision import Bf16ViaFp32
@@ -168,6 +176,8 @@ def test_evaluate_reports_bits_per_byte_per_domain(shards, tmp_path):
         assert index_bytes["domains"][name]["bpb"] == pytest.approx(r["bpb"], rel=1e-6)
     one = evaluate(model, shards, domain="math", seq_len=64, tokenizer=tok)
     assert list(one["domains"]) == ["math"] and one["bpb"] == pytest.approx(with_tok["domains"]["math"]["bpb"])
+    by_path = evaluate(model, shards, seq_len=64, tokenizer=tmp_path / "run" / "tokenizer")
+    assert by_path["bpb"] == pytest.approx(with_tok["bpb"])
     quick = evaluate(model, shards, seq_len=64, tokenizer=tok, max_batches=1, batch_size=2)
     assert 0 < quick["tokens"] < with_tok["tokens"] and math.isfinite(quick["bpb"])
 

@@ -28,23 +28,20 @@ from groundup.data.loader import IGNORE_INDEX, TokenLoader
 
 
 def _token_bytes(tokenizer, index: dict, shard_dir: Path) -> np.ndarray | None:
-    """UTF-8 bytes per token id, from the given tokenizer or the one the shards' index names."""
+    """UTF-8 bytes per token id, from the given tokenizer or the one the shards' index names (if found)."""
     from groundup.errors import DataError
     from groundup.tokenizer import Tokenizer
 
     if tokenizer is None:
         named = index.get("tokenizer")
-        if not named:
-            return None
-        path = Path(named) if Path(named).is_absolute() else shard_dir / named
-        try:
-            tokenizer = Tokenizer.load(path)
-        except DataError:
-            return None
-        if tokenizer.hash != index.get("tokenizer_hash"):
-            return None
-    elif not isinstance(tokenizer, Tokenizer):
-        tokenizer = Tokenizer.load(tokenizer)
+        for path in ([Path(named), shard_dir / named] if named else []):
+            try:
+                found = Tokenizer.load(path)
+            except DataError:
+                continue
+            if found.hash == index.get("tokenizer_hash"):
+                return found.token_bytes()
+        return None
     return tokenizer.token_bytes()
 
 
@@ -67,11 +64,12 @@ def evaluate(model: torch.nn.Module, shard_dir: str | Path, split: str = "val", 
     inner = _unwrapped(model)
     seq_len = seq_len or inner.cfg.max_seq_len
     device = next(inner.parameters()).device
-    expected = None
-    if tokenizer is not None and not isinstance(tokenizer, (str, Path)):
-        expected = tokenizer.hash
+    if isinstance(tokenizer, (str, Path)):
+        from groundup.tokenizer import Tokenizer
+
+        tokenizer = Tokenizer.load(tokenizer)
     loader = TokenLoader(shard_dir, split, seq_len, batch_size, rank=rank, world_size=world_size,
-                         bos_aligned=bos_aligned, expected_tokenizer_hash=expected)
+                         bos_aligned=bos_aligned, expected_tokenizer_hash=tokenizer.hash if tokenizer else None)
     token_bytes = _token_bytes(tokenizer, loader.index, shard_dir)
     token_bytes = torch.from_numpy(token_bytes.astype(np.int64)) if token_bytes is not None else None
     domains = [domain] if domain else loader.domains
