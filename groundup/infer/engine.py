@@ -47,7 +47,8 @@ class Completion:
 
 class Generator:
     def __init__(self, model: Transformer, tokenizer, compile: bool = False):
-        """`compile`: run decode steps through `torch.compile` on a static-shape cache (worth it on GPU)."""
+        """`compile`: decode through a torch.compile'd step (see static_decode; ~2x faster decoding here
+        after about a minute of compiling per batch size)."""
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.cfg = model.cfg

@@ -145,16 +145,11 @@ def _mlp(ours: str, hf: str, cfg: ModelConfig, arch: str, layer: int, bias: bool
     if not cfg.is_moe_layer(layer):
         return _dense(m, hf + "mlp.", cfg.ffn_dim, bias)
     E, f = cfg.n_experts, cfg.expert_ffn_dim
-    if arch == "mixtral":
-        moe = hf + "block_sparse_moe."
-        out = [Rule((m + "router.weight",), (moe + "gate.weight",)),
-               _experts(m + "experts_in", m + "experts_out", lambda e, p: f"{moe}experts.{e}.{p}.weight", E, f,
-                        ("w1", "w3", "w2"))]
-    else:
-        moe = hf + "mlp."
-        out = [Rule((m + "router.weight",), (moe + "gate.weight",)),
-               _experts(m + "experts_in", m + "experts_out", lambda e, p: f"{moe}experts.{e}.{p}.weight", E, f,
-                        ("gate_proj", "up_proj", "down_proj"))]
+    mixtral = arch == "mixtral"  # Mixtral's own names: block_sparse_moe, w1 (gate), w3 (up), w2 (down)
+    moe = hf + ("block_sparse_moe." if mixtral else "mlp.")
+    names = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
+    out = [Rule((m + "router.weight",), (moe + "gate.weight",)),
+           _experts(m + "experts_in", m + "experts_out", lambda e, p: f"{moe}experts.{e}.{p}.weight", E, f, names)]
     if arch == "deepseek_v3":
         out.append(Rule((m + "expert_bias",), (moe + "gate.e_score_correction_bias",)))
     else:
