@@ -79,7 +79,9 @@ def test_sigkill_at_any_moment_then_resume_is_bit_identical(setup, tmp_path):
         proc = start("--resume", str(run))
     assert proc.wait(timeout=120) == 0, proc.stderr.read()
     events = [e["event"] for e in metrics(run)[1]]
-    assert events.count("resume") == 2, f"kill seed {seed}"
+    # Two kills between the same pair of checkpoints resume from the same one twice, and the second
+    # resume cuts the metrics back to that checkpoint, the first resume's line included.
+    assert 1 <= events.count("resume") <= 2, f"kill seed {seed}"
     assert_same_run(run, reference)
 
 
@@ -143,3 +145,25 @@ def test_incompatible_config_is_refused_naming_the_keys(setup, tmp_path):
     assert summary["steps"] == STEPS + 3
     resume = metrics(run)[1][-1]
     assert resume["event"] == "resume" and resume["changed"] == [f"train.max_steps: {STEPS} -> {STEPS + 3}"]
+
+
+@pytest.mark.parametrize("extra", [
+    ["model.dropout=0.1", "model.n_experts=4", "model.moe_top_k=2", "train.grad_accum=2", "eval.every=3",
+     "optim.name=muon"],
+    ["precision.mode=bf16-weights", "optim.name=lion", "model.z_loss_coef=1e-4", "stability.spike_min_history=2"],
+], ids=["dropout-moe-muon-accum-eval", "bf16weights-lion-zloss"])
+def test_resume_is_exact_with_every_stateful_feature(setup, tmp_path, extra):
+    """Dropout RNG, MoE balancing biases, Muon/Lion state, evaluation in between, bf16 master weights."""
+    cfg, _, _ = setup
+    steps = ["train.max_steps=8", "checkpoint.every=4", "eval.at_end=false"]
+    full = tmp_path / "full"
+    train(tiny_config(cfg.data.shards, *steps, *extra), full)
+    resumed = tmp_path / "resumed"
+    shutil.copytree(full, resumed)
+    shutil.rmtree(resumed / "checkpoints" / "step_0000008")
+    (resumed / "checkpoints" / "latest").write_text("step_0000004\n")
+    train(tiny_config(cfg.data.shards, *steps, *extra), resumed, resume=True)
+    a = load_file(resumed / "checkpoints" / "step_0000008" / "model.safetensors")
+    b = load_file(full / "checkpoints" / "step_0000008" / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in b)
+    assert [s["loss"] for s in metrics(resumed)[0]] == [s["loss"] for s in metrics(full)[0]]

@@ -55,7 +55,9 @@ class Demo:
         return path
 
     def budget_left(self) -> float:
-        return self.cfg.budget_minutes * 60 - self.runner.elapsed()
+        """The budget less the recorded time of the stages so far: a rerun that reuses them plans the
+        same pretraining run (and reuses it too), whatever this invocation's own clock says."""
+        return self.cfg.budget_minutes * 60 - sum(self.runner.times().values())
 
     # ------------------------------------------------------------------ stages
 

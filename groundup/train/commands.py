@@ -18,7 +18,8 @@ def train_arguments(p: argparse.ArgumentParser) -> None:
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--out", type=Path, help="new run directory (refused if it already holds a run)")
     where.add_argument("--resume", type=Path, metavar="RUN", help="continue RUN from its newest intact checkpoint "
-                       "(its config.toml, then --config, then overrides; incompatible changes are refused)")
+                       "(its config.toml, or --config, then the overrides; changes that would make the "
+                       "checkpoint meaningless are refused, naming the keys)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("overrides", nargs="*", help="section.key=value over the config, e.g. train.max_steps=500")
 

@@ -42,8 +42,9 @@ def measure_matmul_flops(dtype: torch.dtype = torch.float32, n: int = 1024, seco
                          device: str | torch.device = "cpu", shape: tuple[int, int, int] | None = None) -> float:
     """FLOP/s of (m x k) @ (k x n) matmuls on this device (square n x n unless `shape`)."""
     m, k, n = shape or (n, n, n)
-    a = torch.randn(m, k, device=device).to(dtype)
-    b = torch.randn(k, n, device=device).to(dtype)
+    gen = torch.Generator(device=device).manual_seed(0)  # not the global RNG: a resumed run's dropout needs it
+    a = torch.randn(m, k, device=device, generator=gen).to(dtype)
+    b = torch.randn(k, n, device=device, generator=gen).to(dtype)
     a @ b  # warm up the kernel choice
     count, start = 0, time.perf_counter()
     while True:
