@@ -53,6 +53,10 @@ VARIANTS: dict[str, list[str]] = {
     "muon-d128-seq128": [*SMALL, *MUON, "pretrain.train.seq_len=128", "pretrain.train.batch_size=32"],
     "muon-d128-batch8": [*SMALL, *MUON, "pretrain.train.batch_size=8"],
     "muon-d128-l6": [*SMALL, *MUON, "pretrain.model.n_layers=6"],
+    # The model's context shrinks with the training sequence, so evaluation runs at 128 too.
+    "muon-d128-ctx128-lr1e-2": [*SMALL, "pretrain.optim.name=muon", "pretrain.schedule.peak_lr=1e-2",
+                                "pretrain.schedule.min_lr=1e-3", "pretrain.model.max_seq_len=128",
+                                "pretrain.train.seq_len=128", "pretrain.train.batch_size=32"],
     "muon-d96-l4": ["pretrain.model.d_model=96", "pretrain.model.n_heads=3", "pretrain.model.n_kv_heads=1",
                     "pretrain.model.d_ff=256", *MUON],
     "muon-text-weighted": ["pretrain.optim.name=muon", "pretrain.schedule.peak_lr=0.02",
