@@ -20,50 +20,47 @@ from pathlib import Path
 
 from groundup.cli import main as cli
 
-SMALL = ["pretrain.model.d_model=128", "pretrain.model.n_heads=4", "pretrain.model.d_ff=384"]
-MUON = ["pretrain.optim.name=muon", "pretrain.schedule.peak_lr=0.02"]
 
-# name -> demo overrides over the current defaults (groundup/demo/config.py)
+def lr(peak: str, floor: str = "3e-4") -> list[str]:
+    return [f"pretrain.schedule.peak_lr={peak}", f"pretrain.schedule.min_lr={floor}"]
+
+
+# The recipe the ablation started from. Every variant is spelled out over it (not over the demo's
+# current defaults, which are the winner), so docs/demo-recipe.md's commands keep reproducing.
+START = ["pretrain.model.d_model=192", "pretrain.model.n_heads=6", "pretrain.model.n_kv_heads=2",
+         "pretrain.model.d_ff=512", "pretrain.model.max_seq_len=256", "pretrain.train.seq_len=256",
+         "pretrain.train.batch_size=16", "pretrain.optim.name=adamw", *lr("3e-3")]
+SMALL = ["pretrain.model.d_model=128", "pretrain.model.n_heads=4", "pretrain.model.d_ff=384"]
+# Muon's update is scaled to AdamW's RMS (match_rms_adamw), so one peak rate drives both parts.
+MUON = ["pretrain.optim.name=muon", *lr("0.02")]
+MUON_1E2 = ["pretrain.optim.name=muon", *lr("1e-2", "1e-3")]
+SEQ128 = ["pretrain.train.seq_len=128", "pretrain.train.batch_size=32"]  # same tokens per step
+CTX128 = [*SEQ128, "pretrain.model.max_seq_len=128"]  # the model's context too: evaluated at 128
+
+# name -> demo overrides (applied after START)
 VARIANTS: dict[str, list[str]] = {
     "baseline": [],
-    "muon": ["pretrain.optim.name=muon", "pretrain.schedule.peak_lr=0.02"],
+    "muon": MUON,
     "wsd": ["pretrain.schedule.kind=wsd", "pretrain.schedule.decay_fraction=0.3"],
-    "lr1e-3": ["pretrain.schedule.peak_lr=1e-3", "pretrain.schedule.min_lr=1e-4"],
-    "lr6e-3": ["pretrain.schedule.peak_lr=6e-3", "pretrain.schedule.min_lr=6e-4"],
-    "small-d128-l4": ["pretrain.model.d_model=128", "pretrain.model.n_heads=4", "pretrain.model.d_ff=384"],
+    "lr1e-3": lr("1e-3", "1e-4"),
+    "lr6e-3": lr("6e-3", "6e-4"),
+    "small-d128-l4": SMALL,
     "wide-d256-l4": ["pretrain.model.d_model=256", "pretrain.model.n_heads=8", "pretrain.model.d_ff=704"],
     "deep-d192-l6": ["pretrain.model.n_layers=6"],
     "batch8": ["pretrain.train.batch_size=8"],
     "batch32": ["pretrain.train.batch_size=32"],
-    "seq128": ["pretrain.train.seq_len=128", "pretrain.train.batch_size=32"],
+    "seq128": SEQ128,
     "bf16-weights": ["pretrain.precision.mode=bf16-weights"],
     "text-weighted": ["pretrain.data.domain_weights={text = 0.6, code = 0.3, math = 0.1}"],
     "vocab8192": ["tokenizer.vocab_size=8192"],
-    # Muon's update is scaled to AdamW's RMS (match_rms_adamw), so one peak rate drives both parts.
-    "muon-lr3e-3": ["pretrain.optim.name=muon", "pretrain.schedule.peak_lr=3e-3", "pretrain.schedule.min_lr=3e-4"],
-    "muon-lr1e-2": ["pretrain.optim.name=muon", "pretrain.schedule.peak_lr=1e-2", "pretrain.schedule.min_lr=1e-3"],
-    "muon-lr4e-2": ["pretrain.optim.name=muon", "pretrain.schedule.peak_lr=4e-2", "pretrain.schedule.min_lr=4e-3"],
-    "muon-wsd": ["pretrain.optim.name=muon", "pretrain.schedule.peak_lr=0.02", "pretrain.schedule.kind=wsd",
-                 "pretrain.schedule.decay_fraction=0.3"],
     "muon-d128": [*SMALL, *MUON],
-    "muon-d128-lr1e-2": [*SMALL, "pretrain.optim.name=muon", "pretrain.schedule.peak_lr=1e-2",
-                         "pretrain.schedule.min_lr=1e-3"],
-    "muon-d128-lr4e-2": [*SMALL, "pretrain.optim.name=muon", "pretrain.schedule.peak_lr=4e-2",
-                         "pretrain.schedule.min_lr=4e-3"],
-    "muon-d128-seq128": [*SMALL, *MUON, "pretrain.train.seq_len=128", "pretrain.train.batch_size=32"],
+    "muon-d128-lr1e-2": [*SMALL, *MUON_1E2],
+    "muon-d128-lr4e-2": [*SMALL, "pretrain.optim.name=muon", *lr("4e-2", "4e-3")],
+    "muon-d128-seq128": [*SMALL, *MUON, *SEQ128],
     "muon-d128-batch8": [*SMALL, *MUON, "pretrain.train.batch_size=8"],
     "muon-d128-l6": [*SMALL, *MUON, "pretrain.model.n_layers=6"],
-    # The model's context shrinks with the training sequence, so evaluation runs at 128 too.
-    "muon-d128-ctx128-lr1e-2": [*SMALL, "pretrain.optim.name=muon", "pretrain.schedule.peak_lr=1e-2",
-                                "pretrain.schedule.min_lr=1e-3", "pretrain.model.max_seq_len=128",
-                                "pretrain.train.seq_len=128", "pretrain.train.batch_size=32"],
-    "muon-d192-ctx128-lr1e-2": ["pretrain.optim.name=muon", "pretrain.schedule.peak_lr=1e-2",
-                                "pretrain.schedule.min_lr=1e-3", "pretrain.model.d_model=192", "pretrain.model.n_heads=6",
-                                "pretrain.model.d_ff=512"],
-    "muon-d96-l4": ["pretrain.model.d_model=96", "pretrain.model.n_heads=3", "pretrain.model.n_kv_heads=1",
-                    "pretrain.model.d_ff=256", *MUON],
-    "muon-text-weighted": ["pretrain.optim.name=muon", "pretrain.schedule.peak_lr=0.02",
-                           "pretrain.data.domain_weights={text = 0.6, code = 0.3, math = 0.1}"],
+    "muon-d128-ctx128-lr1e-2": [*SMALL, *MUON_1E2, *CTX128],  # the demo's default recipe
+    "muon-d192-ctx128-lr1e-2": [*MUON_1E2, *CTX128],
 }
 
 
@@ -92,7 +89,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     data_minutes = prepare_data(args.out / "demo", args.extra)
     for name in args.variants:
-        overrides = [*args.extra, *VARIANTS[name], f"reserve_seconds={args.reserve_seconds}"]
+        overrides = [*START, *args.extra, *VARIANTS[name], f"reserve_seconds={args.reserve_seconds}"]
         # The demo charges the (reused) data stages' recorded time to the budget; add it back.
         budget = args.train_minutes + args.reserve_seconds / 60 + data_minutes
         start = time.perf_counter()
