@@ -46,7 +46,7 @@ def main() -> None:
 
     from groundup.cli import main as groundup
     from groundup.corpus import iter_corpus
-    from groundup.data.shards import TokenizeConfig, tokenize_to_shards
+    from groundup.tokens.shards import TokenizeConfig, tokenize_to_shards
     from groundup.tokenizer import Tokenizer, TokenizerConfig, train_tokenizer
     from groundup.tokenizer.hf_format import split_pattern
     from groundup.tokenizer.parallel import map_batches

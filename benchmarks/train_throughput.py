@@ -32,7 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from groundup.config import from_dict  # noqa: E402
-from groundup.data.loader import Batch  # noqa: E402
+from groundup.tokens.loader import Batch  # noqa: E402
 from groundup.model.sizing import flops_per_token  # noqa: E402
 from groundup.train.config import TrainConfig  # noqa: E402
 from groundup.train.distributed import Dist  # noqa: E402

@@ -21,7 +21,7 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("data", "train-classifier"), "groundup.data.commands:train_classifier", "train the fastText-style quality classifier"),
     (("tokenizer", "train"), "groundup.tokenizer.commands:train", "train the byte-level BPE tokenizer on text records"),
     (("tokenizer", "stats"), "groundup.tokenizer.commands:stats", "bytes per token per domain, vocabulary use, longest tokens"),
-    (("data", "tokenize"), "groundup.tokenizer.commands:tokenize", "encode text records into token shards with a train/val split"),
+    (("data", "tokenize"), "groundup.tokens.commands:tokenize", "encode text records into token shards with a train/val split"),
     (("model", "info"), "groundup.model.commands:info", "parameters, FLOPs, weight and KV-cache bytes of a preset or config"),
     (("train",), "groundup.train.commands:train", "pretrain on token shards: exact resume, stability guards, DDP/FSDP2 under torchrun"),
     (("generate",), "groundup.infer.commands:generate", "complete prompts with a checkpoint (batched, streamed, sampled)"),
@@ -90,12 +90,11 @@ def main(argv: list[str] | None = None) -> int:
         if argv[0] in groups and (len(argv) == 1 or argv[1] in ("-h", "--help")):
             _print_overview(prog, only=argv[0])
             return 0
-        import difflib
+        from groundup.config import did_you_mean
 
         names = [" ".join(w) for w, _, _ in COMMANDS]
         wanted = " ".join(argv[:2]) if argv[0] in groups else argv[0]
-        close = difflib.get_close_matches(wanted, names, n=1, cutoff=0.5)
-        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        hint = did_you_mean(wanted, names, cutoff=0.5)
         print(f"error: unknown command '{wanted}'{hint}; run '{prog} --help' for the list", file=sys.stderr)
         return 2
     words, target, help_ = entry

@@ -11,6 +11,7 @@ and each dataclass may define `validate()` to reject impossible combinations.
 
 from __future__ import annotations
 
+import argparse
 import copy
 import dataclasses
 import difflib
@@ -28,11 +29,15 @@ T = TypeVar("T")
 
 __all__ = [
     "ConfigError",
+    "add_config_arguments",
     "apply_overrides",
     "config_diff",
     "config_to_dict",
+    "did_you_mean",
     "fail",
     "from_dict",
+    "load_cli_config",
+    "inputs_and_overrides",
     "load_config",
     "read_toml",
     "save_config",
@@ -45,8 +50,9 @@ def fail(key: str, value: Any, expected: str) -> typing.NoReturn:
     raise ConfigError(f"{key} = {value!r}: expected {expected}", key=key)
 
 
-def _suggest(word: str, candidates: typing.Iterable[str], prefix: str = "") -> str:
-    close = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)
+def did_you_mean(word: str, candidates: typing.Iterable[str], prefix: str = "", cutoff: float = 0.6) -> str:
+    """` (did you mean 'X'?)` for the closest candidate, or ''. The one spelling hint every message uses."""
+    close = difflib.get_close_matches(str(word), [str(c) for c in candidates], n=1, cutoff=cutoff)
     return f" (did you mean '{prefix}{close[0]}'?)" if close else ""
 
 
@@ -129,20 +135,19 @@ def _coerce(value: Any, tp: Any, key: str, base: Any = None) -> Any:
         if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
             if type(None) in options:
                 return None
-        errors = []
         for option in options:
             if option is type(None):
                 continue
             try:
                 return _coerce(value, option, key)
-            except ConfigError as e:
-                errors.append(e)
+            except ConfigError:
+                pass
         fail(key, value, _type_name(tp))
     if origin is Literal:
         choices = get_args(tp)
         if value in choices:
             return value
-        hint = _suggest(str(value), [str(c) for c in choices])
+        hint = did_you_mean(value, choices)
         raise ConfigError(f"{key} = {value!r}: expected {_type_name(tp)}{hint}", key=key)
     if tp is bool:
         if isinstance(value, bool):
@@ -209,7 +214,7 @@ def from_dict(cls: type[T], data: dict, prefix: str = "", base: T | None = None)
     for key, value in data.items():
         if key not in fields:
             raise ConfigError(
-                f"unknown key '{prefix}{key}'{_suggest(key, fields, prefix)}; valid keys here: "
+                f"unknown key '{prefix}{key}'{did_you_mean(key, fields, prefix)}; valid keys here: "
                 + ", ".join(sorted(fields)),
                 key=prefix + key,
             )
@@ -227,11 +232,35 @@ def from_dict(cls: type[T], data: dict, prefix: str = "", base: T | None = None)
     return obj
 
 
+def inputs_and_overrides(paths: typing.Sequence[Path]) -> tuple[list[Path], list[str]]:
+    """Split `--input a.jsonl key=value`: argparse hands a trailing override to an nargs="+" --input,
+    so an item holding "=" that is not an existing path is taken back as an override."""
+    moved = [str(p) for p in paths if "=" in str(p) and not Path(p).exists()]
+    return [Path(p) for p in paths if str(p) not in moved], moved
+
+
 def load_config(cls: type[T], path: str | Path | None = None, overrides: typing.Sequence[str] = ()) -> T:
     """Defaults of `cls`, then the TOML file at `path`, then `section.key=value` overrides."""
     data = read_toml(path) if path else {}
     apply_overrides(data, overrides)
     return from_dict(cls, data)
+
+
+def add_config_arguments(p: argparse.ArgumentParser, config: str, example: str) -> None:
+    """The flags every configurable verb shares: --config FILE, --quiet and trailing key=value overrides."""
+    p.add_argument("--config", type=Path, default=None, help=f"TOML file with {config} keys")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("overrides", nargs="*", help=f"key=value over the config, e.g. {example}")
+
+
+def load_cli_config(cls: type[T], args: argparse.Namespace, **flags) -> T:
+    """Defaults, then --config, then key=value arguments, then the dedicated flags that were given
+    (`args.input`, when present, gives back the overrides argparse put into it)."""
+    moved: list[str] = []
+    if getattr(args, "input", None) is not None:
+        args.input, moved = inputs_and_overrides(args.input)
+    extra = [f"{k}={v}" for k, v in flags.items() if v is not None]
+    return load_config(cls, args.config, [*moved, *args.overrides, *extra])
 
 
 # ----------------------------------------------------------------------------- writing

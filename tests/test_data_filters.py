@@ -79,7 +79,7 @@ def test_gopher_alphabetic_words_and_stop_words():
 
 
 def test_gopher_removes_verse_punctuation_and_code_as_published():
-    # the damage DESIGN.md describes: punctuation tokens count as words
+    # the damage docs/architecture.md describes: punctuation tokens count as words
     verse = "HAMLET. O, that this too too solid flesh would melt, thaw, and resolve itself into a dew!\n" * 3
     assert quality(verse * 4) == "below_alpha_words_ratio"
     code = "def f(x):\n    return x + 1  # add one to the value and return it\n" * 10

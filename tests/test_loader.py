@@ -15,8 +15,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from tokenizer_helpers import small_corpus, tok, write_jsonl  # noqa: E402, F401  (tok: a fixture)
 
-from groundup.data.loader import IGNORE_INDEX, TokenLoader  # noqa: E402
-from groundup.data.shards import TokenizeConfig, open_split, tokenize_to_shards  # noqa: E402
+from groundup.tokens.loader import IGNORE_INDEX, TokenLoader  # noqa: E402
+from groundup.tokens.shards import TokenizeConfig, open_split, tokenize_to_shards  # noqa: E402
 from groundup.errors import DataError  # noqa: E402
 
 T, B = 32, 4

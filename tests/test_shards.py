@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from tokenizer_helpers import small_corpus, tok, trained_tokenizer_dir, write_jsonl  # noqa: E402, F401  (tok: fixture)
 
 from groundup.cli import main  # noqa: E402
-from groundup.data.shards import (  # noqa: E402
+from groundup.tokens.shards import (  # noqa: E402
     INDEX_FILE,
     TokenizeConfig,
     check_tokenizer,

@@ -21,7 +21,7 @@ from tokenizer_helpers import (  # noqa: E402, F401  (tok is a fixture)
 from groundup.cli import main  # noqa: E402
 from groundup.errors import ConfigError, DataError  # noqa: E402
 from groundup.tokenizer import SPECIAL_TOKENS, Tokenizer, TokenizerConfig, train_tokenizer  # noqa: E402
-from groundup.tokenizer.tokenizer import META_FILE, TOKENIZER_FILE  # noqa: E402
+from groundup.layout import TOKENIZER_FILE, TOKENIZER_META_FILE as META_FILE  # noqa: E402
 
 
 # Code points drawn for random text: ASCII, Latin-1, combining marks, Greek, Cyrillic, Arabic, Devanagari,

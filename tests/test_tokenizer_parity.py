@@ -19,7 +19,7 @@ from tokenizer_helpers import small_corpus, trained_tokenizer_dir  # noqa: E402
 
 from groundup.corpus import iter_corpus  # noqa: E402
 from groundup.tokenizer import Tokenizer, TokenizerConfig, train_tokenizer  # noqa: E402
-from groundup.tokenizer.tokenizer import TOKENIZER_FILE  # noqa: E402
+from groundup.layout import TOKENIZER_FILE  # noqa: E402
 
 
 def assert_same_ids(tok: Tokenizer, hf, texts: list[str]) -> None:

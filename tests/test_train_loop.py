@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from groundup.errors import CheckpointError, ConfigError, DataError
-from groundup.model.io import LATEST_POINTER, load_model, resolve_model_dir
+from groundup.layout import LATEST_POINTER, resolve_model_dir
+from groundup.model.io import load_model
 from groundup.train import train
 from tests.train_helpers import make_shards, metrics, run_cli, shared_shards, tiny_config
 
@@ -158,7 +159,7 @@ def test_bad_input_fails_early_with_a_clear_message(shards, tmp_path):
 
 
 def test_evaluate_reports_bits_per_byte_per_domain(shards, tmp_path):
-    from groundup.data.shards import read_index
+    from groundup.tokens.shards import read_index
     from groundup.eval.perplexity import evaluate
     from groundup.tokenizer import Tokenizer
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from groundup.config import from_dict
-from groundup.data.loader import IGNORE_INDEX, Batch
+from groundup.tokens.loader import IGNORE_INDEX, Batch
 from groundup.model import Transformer
 from groundup.train import train
 from groundup.train.config import StabilityConfig

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from groundup.config import load_config
 from groundup.corpus import chunk_text, generate_math_records, iter_shakespeare, iter_stdlib_code
-from groundup.data.shards import TokenizeConfig, tokenize_to_shards
+from groundup.tokens.shards import TokenizeConfig, tokenize_to_shards
 from groundup.tokenizer import TokenizerConfig, train_tokenizer
 from groundup.train import TrainConfig
 

@@ -17,13 +17,11 @@ def curate_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def curate(args: argparse.Namespace) -> None:
-    from groundup.config import load_config
+    from groundup.config import inputs_and_overrides, load_config
     from groundup.data.curate_config import CurateConfig
     from groundup.data.pipeline import curate as run
 
-    # `--input a/ b.jsonl key=value` : argparse hands the override to --input; take it back.
-    inputs = [p for p in args.input if p.exists() or "=" not in str(p)]
-    moved = [str(p) for p in args.input if not p.exists() and "=" in str(p)]
+    inputs, moved = inputs_and_overrides(args.input)
     overrides = moved + list(args.overrides) + ([f"workers={args.workers}"] if args.workers is not None else [])
     cfg = load_config(CurateConfig, args.config, overrides)
     report = run(inputs, args.out, cfg, progress=not args.no_progress)

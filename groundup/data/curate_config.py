@@ -2,7 +2,7 @@
 
 Sections follow the filter families. Which filters judge which domain is the `[filters]` table:
 prose filters judge text, code filters judge code, and math has its own, because a prose filter
-applied to code removes all of it (see DESIGN.md). A domain with no entry passes unfiltered.
+applied to code removes all of it (see docs/architecture.md). A domain with no entry passes unfiltered.
 
     [filters]
     text = ["gopher_quality", "gopher_repetition", "ngram_repetition"]   # add "c4", "fineweb"

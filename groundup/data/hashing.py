@@ -75,3 +75,13 @@ class WordHash(dict):
 
 
 word_hash = WordHash()
+
+
+def split_score(data: bytes, seed: int = 0) -> float:
+    """Where bytes fall in [0, 1) under a seeded xxh64: a split that depends on content alone."""
+    return xxhash.xxh64_intdigest(data, seed) / 2.0**64
+
+
+def document_score(text: str, seed: int = 0) -> float:
+    """Where a document falls in [0, 1): the token shards' val split and the tokenizer's held-out set use it."""
+    return split_score(text.encode("utf-8", "surrogatepass"), seed)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from groundup.config import fail, from_dict
 from groundup.data.curate_config import CurateConfig
-from groundup.data.shards import TokenizeConfig
+from groundup.tokens.shards import TokenizeConfig
 from groundup.tokenizer.train import TokenizerConfig
 from groundup.train.config import TrainConfig
 
@@ -41,7 +41,7 @@ def _pretrain() -> TrainConfig:
 
 def _curate() -> CurateConfig:
     # Gopher's "80% of words contain a letter" rule counts punctuation tokens as words and drops
-    # about a third of Shakespeare's verse chunks (see DESIGN.md); the demo keeps the rule but at
+    # about a third of Shakespeare's verse chunks (see docs/architecture.md); the demo keeps the rule but at
     # a threshold verse passes, and the report still shows what every filter removed per domain.
     return from_dict(CurateConfig, {"gopher_quality": {"min_alpha_words_ratio": 0.6}})
 

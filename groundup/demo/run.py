@@ -29,6 +29,7 @@ from groundup.demo.config import DemoConfig
 from groundup.demo.stages import StageRunner, banner
 from groundup.errors import GroundupError
 from groundup.io import atomic_write_json, atomic_write_text, ensure_writable_dir, read_json
+from groundup.layout import SUMMARY_FILE
 
 
 class Demo:
@@ -113,7 +114,7 @@ class Demo:
             shutil.rmtree(probe)
         self._verb("train", "--config", config, "--out", probe, "--quiet", f"train.max_steps={self.cfg.probe_steps}",
                    "eval.every=0", "eval.at_end=false", f"checkpoint.every={self.cfg.probe_steps}")
-        summary = read_json(probe / "summary.json")
+        summary = read_json(probe / SUMMARY_FILE)
         # Startup (model build, data, the final checkpoint) is paid once per run; steps scale.
         return {"steps_per_second": summary["steps"] / summary["train_time_s"],
                 "overhead_s": summary["wall_time_s"] - summary["train_time_s"],
@@ -141,19 +142,19 @@ class Demo:
             if run.exists():
                 shutil.rmtree(run)
             self._verb("train", "--config", config, "--out", run, *overrides)
-        return read_json(run / "summary.json")
+        return read_json(run / SUMMARY_FILE)
 
     def _final_model(self) -> None:
-        from groundup.model.io import CONFIG_FILE, WEIGHTS_FILE, find_tokenizer_dir, resolve_model_dir
+        from groundup.layout import MODEL_CONFIG_FILE, TOKENIZER_DIR, WEIGHTS_FILE, find_tokenizer_dir, resolve_model_dir
 
         source = resolve_model_dir(self.out / "run")
         tmp = self.out / ".model.tmp"
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir()
-        for name in (WEIGHTS_FILE, CONFIG_FILE):
+        for name in (WEIGHTS_FILE, MODEL_CONFIG_FILE):
             shutil.copy2(source / name, tmp / name)
-        shutil.copytree(find_tokenizer_dir(source), tmp / "tokenizer")
+        shutil.copytree(find_tokenizer_dir(source), tmp / TOKENIZER_DIR)
         if (self.out / "model").exists():
             shutil.rmtree(self.out / "model")
         tmp.rename(self.out / "model")

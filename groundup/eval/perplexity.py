@@ -24,7 +24,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from groundup.data.loader import IGNORE_INDEX, TokenLoader
+from groundup.tokens.loader import IGNORE_INDEX, TokenLoader
 
 
 def _token_bytes(tokenizer, index: dict, shard_dir: Path) -> np.ndarray | None:

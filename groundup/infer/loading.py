@@ -8,13 +8,14 @@ with another hash, or more tokens than the model has embeddings, is refused.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 
 from groundup.config import ConfigError
 from groundup.errors import CheckpointError
+from groundup.layout import (CHECKPOINT_META_FILE, TOKENIZER_DIR, check_tokenizer_fits, find_tokenizer_dir,
+                             read_checkpoint_meta, resolve_model_dir)
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}
@@ -45,7 +46,7 @@ def resolve_device(device: str | torch.device) -> torch.device:
 def load_for_inference(path: str | Path, device: str | torch.device = "cpu", dtype: str | torch.dtype = "float32",
                        tokenizer: str | Path | None = None):
     """(model in eval mode, tokenizer) for a checkpoint path; see the module docstring."""
-    from groundup.model.io import find_tokenizer_dir, load_model, resolve_model_dir
+    from groundup.model.io import load_model
     from groundup.tokenizer import Tokenizer
 
     device, dtype = resolve_device(device), resolve_dtype(dtype)
@@ -53,7 +54,7 @@ def load_for_inference(path: str | Path, device: str | torch.device = "cpu", dty
     tok_dir = Path(tokenizer) if tokenizer else find_tokenizer_dir(model_dir)
     if tok_dir is None:
         raise CheckpointError(f"{model_dir}: no tokenizer found beside the checkpoint (looked for "
-                              f"{model_dir / 'tokenizer'} and {model_dir.parent.parent / 'tokenizer'}); "
+                              f"{model_dir / TOKENIZER_DIR} and {model_dir.parent.parent / TOKENIZER_DIR}); "
                               "pass one with --tokenizer")
     tok = Tokenizer.load(tok_dir)
     recorded = _recorded_tokenizer_hash(model_dir)
@@ -61,17 +62,13 @@ def load_for_inference(path: str | Path, device: str | torch.device = "cpu", dty
         raise CheckpointError(f"{tok_dir}: tokenizer hash {tok.hash} differs from {recorded}, the one "
                               f"{model_dir} was trained with")
     model = load_model(model_dir, device, dtype).eval()
-    if tok.vocab_size > model.cfg.vocab_size:
-        raise CheckpointError(f"{tok_dir} has {tok.vocab_size} tokens but {model_dir} embeds only "
-                              f"{model.cfg.vocab_size}: they were not trained together")
+    check_tokenizer_fits(tok.vocab_size, model.cfg.vocab_size, tok_dir, model_dir)
     return model, tok
 
 
 def _recorded_tokenizer_hash(model_dir: Path) -> str | None:
-    meta = model_dir / "meta.json"
-    if not meta.is_file():
+    """The hash a checkpoint's meta.json records (resolve_model_dir has verified the checkpoint)."""
+    if not (model_dir / CHECKPOINT_META_FILE).is_file():
         return None
-    try:
-        return json.loads(meta.read_text(encoding="utf-8")).get("tokenizer_hash")
-    except (json.JSONDecodeError, OSError, AttributeError):
-        return None  # the trainer verifies its own meta.json; here it only cross-checks
+    value = read_checkpoint_meta(model_dir).get("tokenizer_hash")
+    return value if isinstance(value, str) else None

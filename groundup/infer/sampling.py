@@ -22,7 +22,7 @@ from typing import Literal
 
 import torch
 
-from groundup.config import ConfigError, fail
+from groundup.config import ConfigError, did_you_mean, fail
 
 
 @dataclass
@@ -63,10 +63,7 @@ class SamplingConfig:
         names = {f.name for f in dataclasses.fields(cls)}
         for key in overrides:
             if key not in names:
-                import difflib
-
-                close = difflib.get_close_matches(key, names, n=1)
-                hint = f" (did you mean '{close[0]}'?)" if close else ""
+                hint = did_you_mean(key, names)
                 raise ConfigError(f"unknown sampling option '{key}'{hint}; valid: {', '.join(sorted(names))}", key=key)
         cfg = dataclasses.replace(base or cls(), **overrides)
         cfg.validate()

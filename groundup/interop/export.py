@@ -22,13 +22,15 @@ from groundup.interop.hf_config import choose_architecture, hf_config
 from groundup.interop.hf_tokenizer import write_tokenizer_files
 from groundup.interop.hf_weights import to_hf_state
 from groundup.io import atomic_dir, atomic_write_json
+from groundup.layout import (HF_CONFIG_FILE, HF_GENERATION_CONFIG_FILE, HF_WEIGHTS_FILE, check_tokenizer_fits,
+                             find_tokenizer_dir, resolve_model_dir)
 
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
 def export_hf(checkpoint: str | Path, out: str | Path, dtype: str | None = None) -> str:
     """Write the Hugging Face directory; returns the architecture chosen (e.g. "llama")."""
-    from groundup.model.io import find_tokenizer_dir, load_model, resolve_model_dir
+    from groundup.model.io import load_model
     from groundup.tokenizer import Tokenizer
 
     model_dir = resolve_model_dir(checkpoint)
@@ -39,15 +41,14 @@ def export_hf(checkpoint: str | Path, out: str | Path, dtype: str | None = None)
     tok = Tokenizer.load(tok_dir)
     model = load_model(model_dir, dtype=resolve_dtype(dtype) if dtype else None)
     cfg = model.cfg
-    if tok.vocab_size > cfg.vocab_size:
-        raise CheckpointError(f"{tok_dir} has {tok.vocab_size} tokens but the model embeds only {cfg.vocab_size}")
+    check_tokenizer_fits(tok.vocab_size, cfg.vocab_size, tok_dir, model_dir)
     arch = choose_architecture(cfg, expert_bias_is_zero=all(not m.expert_bias.any() for m in model.moe_layers()))
     weights = to_hf_state(arch, cfg, model.state_dict())
     config = hf_config(arch, cfg, tok.special_ids, DTYPE_NAMES[model.embed.weight.dtype])
     with atomic_dir(out) as tmp:
-        save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        atomic_write_json(tmp / "config.json", config)
-        atomic_write_json(tmp / "generation_config.json", {
+        save_file(weights, str(tmp / HF_WEIGHTS_FILE), metadata={"format": "pt"})
+        atomic_write_json(tmp / HF_CONFIG_FILE, config)
+        atomic_write_json(tmp / HF_GENERATION_CONFIG_FILE, {
             "bos_token_id": tok.bos_id, "eos_token_id": [tok.eot_id, tok.end_of_turn_id], "pad_token_id": tok.pad_id})
         write_tokenizer_files(tok, tmp, cfg.max_seq_len)
     return arch

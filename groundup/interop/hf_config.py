@@ -1,4 +1,5 @@
-"""Which Hugging Face architecture expresses a groundup ModelConfig, and its `config.json`, both ways.
+"""Which Hugging Face architecture expresses a groundup ModelConfig, and its `config.json` (the way back is
+hf_import_config).
 
     Llama        pre-norm RMSNorm, RoPE (linear scaling too), MHA/GQA/MQA, SwiGLU or GeGLU, biases
     Qwen3        Llama + QK-norm (no biases)
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from groundup.config import ConfigError, from_dict
+from groundup.config import ConfigError
 from groundup.model.config import ModelConfig
 
 CLASSES = {
@@ -181,29 +182,3 @@ def hf_config(arch: str, cfg: ModelConfig, special_ids: dict[str, int], dtype: s
             c.update(rope_interleave=True, num_nextn_predict_layers=0)
     c[GROUNDUP_KEY] = dataclasses.asdict(cfg)
     return c
-
-
-def model_config_from_hf(c: dict, where: str = "config.json") -> tuple[str, ModelConfig]:
-    """(arch, ModelConfig) of a Hugging Face config.json; ConfigError names what groundup cannot express.
-
-    A config this module wrote carries the original ModelConfig; it is used when it still exports to
-    the same config.json (so a round trip is exact, training-only fields included)."""
-    from groundup.interop.hf_import_config import parse_hf_config
-
-    arch = c.get("model_type")
-    if arch == "mistral":  # Llama's architecture with an optional sliding window
-        arch = "llama"
-    if arch not in CLASSES:
-        raise ConfigError(f"{where}: model_type {c.get('model_type')!r} is not importable; supported: "
-                          f"{', '.join(sorted(CLASSES))} (and mistral)", key="model_type")
-    embedded = c.get(GROUNDUP_KEY)
-    if isinstance(embedded, dict):
-        try:
-            cfg = from_dict(ModelConfig, dict(embedded))
-            ids = {"bos": c.get("bos_token_id"), "eot": c.get("eos_token_id"), "pad": c.get("pad_token_id")}
-            again = hf_config(arch, cfg, ids, c.get("torch_dtype", "float32"))
-            if all(again.get(k) == v for k, v in c.items() if k not in ("transformers_version", "dtype")):
-                return arch, cfg
-        except (ConfigError, KeyError, TypeError):
-            pass  # edited or foreign: read the architecture fields instead
-    return arch, parse_hf_config(arch, c, where)

@@ -17,22 +17,23 @@ from safetensors.torch import load_file
 
 from groundup.errors import CheckpointError, DataError
 from groundup.infer.loading import resolve_dtype
-from groundup.interop.hf_config import model_config_from_hf
+from groundup.interop.hf_import_config import model_config_from_hf
 from groundup.interop.hf_weights import from_hf_state
 from groundup.io import atomic_dir, read_json
+from groundup.layout import HF_CONFIG_FILE, HF_WEIGHTS_FILE, HF_WEIGHTS_INDEX_FILE, TOKENIZER_DIR
 
 
 def read_hf_weights(hf_dir: Path) -> dict[str, torch.Tensor]:
-    index = hf_dir / "model.safetensors.index.json"
-    if (hf_dir / "model.safetensors").is_file():
-        files = [hf_dir / "model.safetensors"]
+    index = hf_dir / HF_WEIGHTS_INDEX_FILE
+    if (hf_dir / HF_WEIGHTS_FILE).is_file():
+        files = [hf_dir / HF_WEIGHTS_FILE]
     elif index.is_file():
         files = [hf_dir / name for name in sorted(set(read_json(index).get("weight_map", {}).values()))]
     elif any(hf_dir.glob("pytorch_model*.bin")):
         raise CheckpointError(f"{hf_dir}: only pytorch_model.bin weights; groundup imports safetensors only, because "
                               "loading a pickle can run code (convert it with a tool you trust)")
     else:
-        raise CheckpointError(f"{hf_dir}: no model.safetensors or model.safetensors.index.json")
+        raise CheckpointError(f"{hf_dir}: no {HF_WEIGHTS_FILE} or {HF_WEIGHTS_INDEX_FILE}")
     state: dict[str, torch.Tensor] = {}
     for f in files:
         try:
@@ -48,9 +49,10 @@ def import_hf(hf_dir: str | Path, out: str | Path, dtype: str | None = None) -> 
     from groundup.tokenizer import Tokenizer
 
     hf_dir = Path(hf_dir)
-    if not (hf_dir / "config.json").is_file():
-        raise CheckpointError(f"{hf_dir}: not a Hugging Face model directory (no config.json)")
-    arch, cfg = model_config_from_hf(read_json(hf_dir / "config.json"), str(hf_dir / "config.json"))
+    config_file = hf_dir / HF_CONFIG_FILE
+    if not config_file.is_file():
+        raise CheckpointError(f"{hf_dir}: not a Hugging Face model directory (no {HF_CONFIG_FILE})")
+    arch, cfg = model_config_from_hf(read_json(config_file), str(config_file))
     state = from_hf_state(arch, cfg, read_hf_weights(hf_dir), str(hf_dir))
     model = build_from_state(cfg, state, dtype=resolve_dtype(dtype) if dtype else None, source=str(hf_dir))
     tok, no_tokenizer = None, None
@@ -63,5 +65,5 @@ def import_hf(hf_dir: str | Path, out: str | Path, dtype: str | None = None) -> 
     with atomic_dir(out) as tmp:
         save_model(model, tmp, metadata={"imported_from": arch})
         if tok is not None:
-            tok.save(tmp / "tokenizer")
+            tok.save(tmp / TOKENIZER_DIR)
     return arch, no_tokenizer

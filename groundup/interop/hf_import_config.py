@@ -8,7 +8,7 @@ biases on attention but not the MLP, ...) is refused by name rather than silentl
 from __future__ import annotations
 
 from groundup.config import ConfigError, from_dict
-from groundup.interop.hf_config import ACTIVATIONS, MLA_NORM_EPS
+from groundup.interop.hf_config import ACTIVATIONS, CLASSES, GROUNDUP_KEY, MLA_NORM_EPS, hf_config
 from groundup.model.config import ModelConfig
 
 _MLPS = {**{v: k for k, v in ACTIVATIONS.items()}, "swish": "swiglu", "gelu_new": "geglu"}
@@ -128,3 +128,27 @@ def _deepseek(arch: str, c: dict, need, refuse) -> dict:
     else:
         f.update(moe_router="sigmoid", moe_norm_topk=bool(c.get("norm_topk_prob", True)))
     return f
+
+
+def model_config_from_hf(c: dict, where: str = "config.json") -> tuple[str, ModelConfig]:
+    """(arch, ModelConfig) of a Hugging Face config.json; ConfigError names what groundup cannot express.
+
+    A config this module wrote carries the original ModelConfig; it is used when it still exports to
+    the same config.json (so a round trip is exact, training-only fields included)."""
+    arch = c.get("model_type")
+    if arch == "mistral":  # Llama's architecture with an optional sliding window
+        arch = "llama"
+    if arch not in CLASSES:
+        raise ConfigError(f"{where}: model_type {c.get('model_type')!r} is not importable; supported: "
+                          f"{', '.join(sorted(CLASSES))} (and mistral)", key="model_type")
+    embedded = c.get(GROUNDUP_KEY)
+    if isinstance(embedded, dict):
+        try:
+            cfg = from_dict(ModelConfig, dict(embedded))
+            ids = {"bos": c.get("bos_token_id"), "eot": c.get("eos_token_id"), "pad": c.get("pad_token_id")}
+            again = hf_config(arch, cfg, ids, c.get("torch_dtype", "float32"))
+            if all(again.get(k) == v for k, v in c.items() if k not in ("transformers_version", "dtype")):
+                return arch, cfg
+        except (ConfigError, KeyError, TypeError):
+            pass  # edited or foreign: read the architecture fields instead
+    return arch, parse_hf_config(arch, c, where)

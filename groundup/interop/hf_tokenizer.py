@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from groundup.io import atomic_write_json
+from groundup.layout import HF_SPECIAL_TOKENS_FILE, HF_TOKENIZER_CONFIG_FILE
 from groundup.tokenizer import Tokenizer
 
 EXTRA_ROLES = ("system", "user", "assistant", "end_of_turn")
@@ -24,9 +25,9 @@ def write_tokenizer_files(tok: Tokenizer, out_dir: Path, model_max_length: int) 
     added = {str(tok.special_ids[role]): {"content": name, "lstrip": False, "normalized": False, "rstrip": False,
                                           "single_word": False, "special": True}
              for role, name in names.items()}
-    atomic_write_json(out_dir / "tokenizer_config.json", {
+    atomic_write_json(out_dir / HF_TOKENIZER_CONFIG_FILE, {
         "tokenizer_class": "PreTrainedTokenizerFast", **named, "additional_special_tokens": extra,
         "added_tokens_decoder": added, "chat_template": tok.chat_template, "model_max_length": model_max_length,
         "clean_up_tokenization_spaces": False, "add_bos_token": False, "add_eos_token": False,
     })
-    atomic_write_json(out_dir / "special_tokens_map.json", {**named, "additional_special_tokens": extra})
+    atomic_write_json(out_dir / HF_SPECIAL_TOKENS_FILE, {**named, "additional_special_tokens": extra})

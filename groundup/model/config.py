@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from groundup.config import ConfigError, fail
+from groundup.config import ConfigError, did_you_mean, fail
 
 
 @dataclass
@@ -115,10 +115,7 @@ class ModelConfig:
 
         name = data.pop("preset")
         if name not in PRESETS:
-            import difflib
-
-            close = difflib.get_close_matches(str(name), PRESETS, n=1)
-            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            hint = did_you_mean(name, PRESETS)
             raise ConfigError(f"{prefix}preset = {name!r}: unknown preset{hint}; known: {', '.join(PRESETS)}",
                               key=prefix + "preset")
         return {**PRESETS[name], "name": name, **data}

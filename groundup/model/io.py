@@ -19,11 +19,10 @@ from safetensors.torch import load_file, save
 from groundup.config import from_dict, read_toml, save_config
 from groundup.errors import CheckpointError
 from groundup.io import atomic_open
+from groundup.layout import MODEL_CONFIG_FILE, WEIGHTS_FILE
 from groundup.model.config import ModelConfig
 from groundup.model.transformer import Transformer
 
-WEIGHTS_FILE = "model.safetensors"
-CONFIG_FILE = "model.toml"
 
 
 def save_weights(model: Transformer, path: str | Path, metadata: dict | None = None) -> None:
@@ -39,14 +38,14 @@ def save_model(model: Transformer, out_dir: str | Path, metadata: dict | None = 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     save_weights(model, out_dir / WEIGHTS_FILE, metadata)
-    save_config(model.cfg, out_dir / CONFIG_FILE)
+    save_config(model.cfg, out_dir / MODEL_CONFIG_FILE)
     return out_dir
 
 
 def load_model_config(model_dir: str | Path) -> ModelConfig:
-    path = Path(model_dir) / CONFIG_FILE
+    path = Path(model_dir) / MODEL_CONFIG_FILE
     if not path.is_file():
-        raise CheckpointError(f"{model_dir}: no {CONFIG_FILE} (not a groundup model directory)")
+        raise CheckpointError(f"{model_dir}: no {MODEL_CONFIG_FILE} (not a groundup model directory)")
     return from_dict(ModelConfig, read_toml(path))
 
 
@@ -81,38 +80,3 @@ def load_model(model_dir: str | Path, device: str | torch.device = "cpu",
     cfg = load_model_config(model_dir)
     state = load_state(model_dir / WEIGHTS_FILE, device)
     return build_from_state(cfg, state, device, dtype, source=str(model_dir / WEIGHTS_FILE))
-
-
-LATEST_POINTER = "latest"  # RUN/checkpoints/latest holds the name of the newest complete step dir
-TOKENIZER_DIR = "tokenizer"
-
-
-def resolve_model_dir(path: str | Path) -> Path:
-    """The model directory behind what a user passes as `--checkpoint`.
-
-    Accepts a model directory (model.safetensors + model.toml, e.g. a demo's OUT/model or one
-    checkpoint step directory), or a training run directory, whose `checkpoints/latest` pointer
-    names the newest complete checkpoint.
-    """
-    path = Path(path)
-    if not path.exists():
-        raise CheckpointError(f"{path}: no such checkpoint or run directory")
-    if (path / WEIGHTS_FILE).is_file():
-        return path
-    pointer = path / "checkpoints" / LATEST_POINTER
-    if pointer.is_file():
-        step_dir = path / "checkpoints" / pointer.read_text().strip()
-        if (step_dir / WEIGHTS_FILE).is_file():
-            return step_dir
-        raise CheckpointError(f"{pointer} names {step_dir.name}, which holds no {WEIGHTS_FILE}")
-    raise CheckpointError(f"{path}: neither a model directory ({WEIGHTS_FILE} + {CONFIG_FILE}) nor a run "
-                          f"directory with checkpoints/{LATEST_POINTER}")
-
-
-def find_tokenizer_dir(model_dir: str | Path) -> Path | None:
-    """The tokenizer saved with a model: MODEL/tokenizer, or RUN/tokenizer for a run's checkpoint."""
-    model_dir = Path(model_dir)
-    for candidate in (model_dir / TOKENIZER_DIR, model_dir.parent.parent / TOKENIZER_DIR):
-        if (candidate / "tokenizer.json").is_file():
-            return candidate
-    return None

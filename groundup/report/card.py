@@ -16,7 +16,10 @@ import platform
 import time
 from pathlib import Path
 
+from groundup.errors import CheckpointError
 from groundup.io import atomic_write_text
+from groundup.layout import (METRICS_FILE, SUMMARY_FILE, TOKENIZER_DIR, TOKENIZER_META_FILE, is_model_dir, is_run_dir,
+                             resolve_model_dir)
 from groundup.report.plots import plot_training, read_metrics
 from groundup.report.sections import (curation_section, eval_section, model_section, samples_section,
                                       stages_section, tokenizer_section, training_section)
@@ -35,7 +38,7 @@ def _load(path: Path):
 def _run_dir(root: Path) -> Path | None:
     """The training run inside a demo directory, or the directory itself if it is a run."""
     for candidate in (root, root / "run"):
-        if (candidate / "metrics.jsonl").is_file() or (candidate / "checkpoints").is_dir():
+        if (candidate / METRICS_FILE).is_file() or is_run_dir(candidate):
             return candidate
     return None
 
@@ -53,26 +56,23 @@ def write_report(root: str | Path, title: str | None = None) -> Path:
     curation = _load(root / "curated" / "report.json")
     if curation:
         parts += curation_section(curation)
-    tok_meta = _load(root / "tokenizer" / "groundup_tokenizer.json") or _load(root / "tokenizer" / "meta.json")
+    tok_meta = _load(root / TOKENIZER_DIR / TOKENIZER_META_FILE)
     shards = _load(root / "tokens" / "index.json")
     if tok_meta or shards:
         parts += tokenizer_section(tok_meta, shards)
-    model_dir = root / "model" if (root / "model" / "model.toml").is_file() else None
+    model_dir = root / "model" if is_model_dir(root / "model") else None
     if model_dir is None and run is not None:
-        from groundup.model.io import resolve_model_dir
-        from groundup.errors import CheckpointError
-
         try:
-            model_dir = resolve_model_dir(run)
+            model_dir = resolve_model_dir(run, note=lambda _: None)
         except CheckpointError:
             model_dir = None
     if model_dir is not None:
         parts += model_section(model_dir)
     if run is not None:
-        plots = plot_training(run / "metrics.jsonl", root / PLOTS_DIR)
-        train, evals, events = read_metrics(run / "metrics.jsonl")
+        plots = plot_training(run / METRICS_FILE, root / PLOTS_DIR)
+        train, evals, events = read_metrics(run / METRICS_FILE)
         parts += training_section(train, evals, events, {k: p.relative_to(root) for k, p in plots.items()},
-                                  _load(run / "summary.json"))
+                                  _load(run / SUMMARY_FILE))
     evaluation = _load(root / "eval.json")
     if evaluation:
         parts += eval_section(evaluation)

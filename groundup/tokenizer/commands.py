@@ -1,8 +1,7 @@
-"""`groundup tokenizer train`, `groundup tokenizer stats` and `groundup data tokenize`.
+"""`groundup tokenizer train` and `groundup tokenizer stats`.
 
     groundup tokenizer train --input out/curated/shards --vocab-size 8192 --out out/tokenizer
     groundup tokenizer stats --tokenizer out/tokenizer --input heldout.jsonl
-    groundup data tokenize --tokenizer out/tokenizer --input out/curated/shards --out out/tokens
 
 `train` keeps a deterministic share of documents out of training (`holdout_fraction`, chosen by the
 same text hash as `data tokenize`'s validation split, so with equal fraction and seed the held-out
@@ -16,45 +15,27 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-from groundup.config import load_config
+from groundup.config import add_config_arguments, load_cli_config
 from groundup.errors import DataError
 from groundup.io import atomic_write_json, ensure_writable_dir
 
 HELDOUT_LIMIT = 32 << 20  # held-out text kept in memory for the end-of-training statistics
 
 
-def _config_arguments(p: argparse.ArgumentParser, config: str, example: str) -> None:
-    p.add_argument("--config", type=Path, default=None, help=f"TOML file with {config} keys")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
-    p.add_argument("overrides", nargs="*", help=f"key=value over the config, e.g. {example}")
-
-
-def _load_config(cls, args: argparse.Namespace, **flags):
-    """Defaults, then --config, then key=value arguments, then the dedicated flags that were given.
-
-    `--input a.jsonl vocab_size=4096`: argparse gives the override to --input (nargs="+"), so a
-    key=value "input" that is not an existing path is taken back as an override.
-    """
-    moved = [str(p) for p in args.input if "=" in str(p) and not p.exists()]
-    args.input = [p for p in args.input if str(p) not in moved]
-    extra = [f"{k}={v}" for k, v in flags.items() if v is not None]
-    return load_config(cls, args.config, [*moved, *args.overrides, *extra])
-
-
 def train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input", required=True, nargs="+", type=Path, help="files or directories of text records")
     p.add_argument("--out", required=True, type=Path, help="directory for tokenizer.json and its metadata")
     p.add_argument("--vocab-size", type=int, default=None, help="tokens including 256 bytes and 7 specials (32768)")
-    _config_arguments(p, "TokenizerConfig", "digit_group=2")
+    add_config_arguments(p, "TokenizerConfig", "digit_group=2")
 
 
 def train(args: argparse.Namespace) -> None:
     from groundup.data.readers import ReadStats, iter_records
-    from groundup.data.shards import document_score
+    from groundup.data.hashing import document_score
     from groundup.tokenizer.stats import format_stats, tokenizer_stats
     from groundup.tokenizer.train import TokenizerConfig, train_tokenizer
 
-    cfg = _load_config(TokenizerConfig, args, vocab_size=args.vocab_size)
+    cfg = load_cli_config(TokenizerConfig, args, vocab_size=args.vocab_size)
     out = ensure_writable_dir(args.out)
     stats, heldout = ReadStats(), []
     held = {"bytes": 0, "documents": 0}
@@ -100,7 +81,7 @@ def stats_arguments(p: argparse.ArgumentParser) -> None:
 
 def stats(args: argparse.Namespace) -> None:
     from groundup.data.readers import ReadStats, iter_records
-    from groundup.data.shards import document_score
+    from groundup.data.hashing import document_score
     from groundup.tokenizer.stats import format_stats, tokenizer_stats
     from groundup.tokenizer.tokenizer import Tokenizer
 
@@ -121,32 +102,3 @@ def stats(args: argparse.Namespace) -> None:
     print(f"read: {read.summary()}")
     if args.json:
         atomic_write_json(args.json, {**report, "read": read.to_dict()})
-
-
-def tokenize_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--tokenizer", required=True, type=Path, help="tokenizer directory (groundup tokenizer train)")
-    p.add_argument("--input", required=True, nargs="+", type=Path, help="files or directories of text records")
-    p.add_argument("--out", required=True, type=Path, help="directory for index.json, train/ and val/")
-    p.add_argument("--val-fraction", type=float, default=None, help="share of documents for validation (0.01)")
-    p.add_argument("--workers", type=int, default=None, help="encoding processes (default: one per core)")
-    _config_arguments(p, "TokenizeConfig", "shard_tokens=1000000")
-
-
-def tokenize(args: argparse.Namespace) -> None:
-    from groundup.data.readers import ReadStats
-    from groundup.data.shards import SPLITS, TokenizeConfig, tokenize_to_shards
-
-    cfg = _load_config(TokenizeConfig, args, val_fraction=args.val_fraction, workers=args.workers)
-    index = tokenize_to_shards(args.input, args.tokenizer, args.out, cfg, progress=not args.quiet)
-    mb = index["bytes"] / 1e6
-    print(f"{args.out}: {index['tokens']:,} tokens ({index['dtype']}) from {index['documents']:,} documents, "
-          f"{mb:.1f} MB of text in {index['seconds']:.1f} s ({mb / max(index['seconds'], 1e-9):.1f} MB/s)")
-    for split in SPLITS:
-        info = index["splits"][split]
-        domains = ", ".join(f"{d} {c['tokens']:,}" for d, c in sorted(info["domains"].items()))
-        print(f"  {split}: {info['documents']:,} documents, {info['tokens']:,} tokens ({domains})")
-    if index["skipped_empty"]:
-        print(f"  skipped {index['skipped_empty']:,} records with empty text")
-    read = ReadStats(**index["read"])
-    examples = read.bad_json_examples + read.no_text_examples + read.invalid_utf8_examples + read.too_long_examples
-    print(f"  read: {read.summary()}" + "".join(f"\n    {e}" for e in examples[:3]))

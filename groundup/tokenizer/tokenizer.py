@@ -34,12 +34,11 @@ import numpy as np
 
 from groundup.errors import DataError
 from groundup.io import atomic_write_json, atomic_write_text, read_json
+from groundup.layout import TOKENIZER_FILE, TOKENIZER_META_FILE as META_FILE
 from groundup.tokenizer import chat
 from groundup.tokenizer.chat import SPECIAL_TOKENS
 from groundup.tokenizer.hf_format import build_tokenizer_json, derive_merges, parse_tokenizer_json
 
-TOKENIZER_FILE = "tokenizer.json"
-META_FILE = "groundup_tokenizer.json"
 _INVALID_BYTE = re.compile("[\udc80-\udcff]+")  # what surrogateescape makes of invalid UTF-8
 
 

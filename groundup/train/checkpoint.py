@@ -18,34 +18,18 @@ corrupted checkpoint is found at resume and the previous complete one is used in
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import time
 from pathlib import Path
 
 import torch
-import xxhash
 
 from groundup.config import config_to_dict
 from groundup.errors import CheckpointError
-from groundup.io import atomic_dir, atomic_write_json, atomic_write_text, read_json
-from groundup.model.io import LATEST_POINTER, build_from_state, save_model
-
-FORMAT = "groundup-checkpoint"
-STEP_DIR = re.compile(r"^step_(\d{7,})$")
-META_FILE = "meta.json"
-
-
-def step_name(step: int) -> str:
-    return f"step_{step:07d}"
-
-
-def file_digest(path: Path) -> str:
-    h = xxhash.xxh3_128()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 22):
-            h.update(block)
-    return h.hexdigest()
+from groundup.io import atomic_dir, atomic_write_json, atomic_write_text
+from groundup.layout import (CHECKPOINT_FORMAT, CHECKPOINT_META_FILE, WEIGHTS_FILE, checkpoints_dir, file_digest,
+                             latest_pointer, list_checkpoints, read_checkpoint_meta, read_latest, step_name)
+from groundup.model.io import build_from_state, load_state, save_model
 
 
 def _save_pt(obj, path: Path) -> None:
@@ -58,87 +42,35 @@ def _save_pt(obj, path: Path) -> None:
 def save_checkpoint(run_dir: Path, step: int, cfg, model_state: dict, optimizer_state: dict,
                     loader_states: list[dict], trainer_state: dict, meta: dict) -> Path:
     """Write step `step`'s checkpoint (main process only) and point `latest` at it."""
-    ckpt_dir = run_dir / "checkpoints"
-    final = ckpt_dir / step_name(step)
+    final = checkpoints_dir(run_dir) / step_name(step)
     with atomic_dir(final) as tmp:
         save_model(build_from_state(cfg.model, model_state), tmp)
         _save_pt(optimizer_state, tmp / "optimizer.pt")
         _save_pt({"ranks": loader_states}, tmp / "loader.pt")
         _save_pt(trainer_state, tmp / "trainer.pt")
         files = {p.name: file_digest(p) for p in sorted(tmp.iterdir()) if p.is_file()}
-        atomic_write_json(tmp / META_FILE, {"format": FORMAT, "version": 1, "step": step,
+        atomic_write_json(tmp / CHECKPOINT_META_FILE, {"format": CHECKPOINT_FORMAT, "version": 1, "step": step,
                                             "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                                             "config": config_to_dict(cfg), **meta, "files": files})
-    atomic_write_text(ckpt_dir / LATEST_POINTER, final.name + "\n")  # last: vouches for a complete dir
+    atomic_write_text(latest_pointer(run_dir), final.name + "\n")  # last: vouches for a complete dir
     return final
-
-
-def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
-    """(step, directory) of every step directory, newest first (complete or not)."""
-    ckpt_dir = run_dir / "checkpoints"
-    if not ckpt_dir.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in ckpt_dir.iterdir() if p.is_dir() and (m := STEP_DIR.match(p.name))]
-    return sorted(found, reverse=True)
-
-
-def problem(step_dir: Path) -> str | None:
-    """Why `step_dir` is not a complete, intact checkpoint (None when it is)."""
-    meta_path = step_dir / META_FILE
-    if not meta_path.is_file():
-        return f"no {META_FILE} (the write did not finish)"
-    try:
-        meta = read_json(meta_path)
-    except Exception as e:  # noqa: BLE001 - any unreadable meta means the same thing here
-        return f"unreadable {META_FILE}: {e}"
-    if meta.get("format") != FORMAT or not isinstance(meta.get("files"), dict):
-        return f"{META_FILE} is not a groundup checkpoint's"
-    for name, digest in meta["files"].items():
-        path = step_dir / name
-        if not path.is_file():
-            return f"{name} is missing"
-        if file_digest(path) != digest:
-            return f"{name} does not match its checksum (truncated or corrupt)"
-    return None
-
-
-def find_resumable(run_dir: Path, note=print) -> Path | None:
-    """The newest intact checkpoint: the one `latest` names, else the newest older one that checks out."""
-    pointer = run_dir / "checkpoints" / LATEST_POINTER
-    named = pointer.read_text().strip() if pointer.is_file() else None
-    candidates = list_checkpoints(run_dir)
-    if named:  # the pointer's target first; anything newer was never vouched for
-        named_step = next((s for s, p in candidates if p.name == named), None)
-        if named_step is None:
-            note(f"warning: {pointer} names {named}, which does not exist")
-        else:
-            candidates = [(s, p) for s, p in candidates if s <= named_step]
-    for step, path in candidates:
-        why = problem(path)
-        if why is None:
-            return path
-        note(f"warning: checkpoint {path.name} is unusable ({why}); trying the previous one")
-    return None
 
 
 def load_checkpoint(step_dir: Path) -> dict:
     """Everything a checkpoint holds, loaded without running code from it."""
-    from groundup.model.io import WEIGHTS_FILE, load_state
-
     def pt(name: str):
         try:
             return torch.load(step_dir / name, map_location="cpu", weights_only=True)
         except Exception as e:  # noqa: BLE001 - name the file, whatever torch raised
             raise CheckpointError(f"{step_dir / name}: cannot load ({e})") from None
 
-    return {"meta": read_json(step_dir / META_FILE), "model": load_state(step_dir / WEIGHTS_FILE),
+    return {"meta": read_checkpoint_meta(step_dir), "model": load_state(step_dir / WEIGHTS_FILE),
             "optimizer": pt("optimizer.pt"), "loader": pt("loader.pt")["ranks"], "trainer": pt("trainer.pt")}
 
 
 def rotate(run_dir: Path, every: int, keep_last: int, keep_every: int) -> list[str]:
     """Delete checkpoints beyond the last `keep_last`, except every `keep_every`-th; returns names removed."""
-    pointer = run_dir / "checkpoints" / LATEST_POINTER
-    current = pointer.read_text().strip() if pointer.is_file() else None
+    current = read_latest(run_dir)
     removed = []
     for i, (step, path) in enumerate(list_checkpoints(run_dir)):
         permanent = keep_every and step % (every * keep_every) == 0

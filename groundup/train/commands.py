@@ -28,7 +28,7 @@ def train(args: argparse.Namespace) -> int:
     from groundup.config import load_config
     from groundup.train.config import TrainConfig
     from groundup.train.loop import train as run_training
-    from groundup.train.run import CONFIG_FILE
+    from groundup.layout import RUN_CONFIG_FILE as CONFIG_FILE
 
     overrides = list(args.overrides) + (["log.progress=false"] if args.quiet else [])
     if args.resume is not None:

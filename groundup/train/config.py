@@ -44,7 +44,7 @@ class DataConfig:
     shards: str = ""  # token-shard directory from `groundup data tokenize` (required)
     tokenizer: str = ""  # tokenizer directory; empty: the one the shards' index.json names
     domain_weights: dict[str, float] | None = None  # domain -> sampling weight; none: by token count
-    bos_aligned: bool = False  # one document per row, led by begin-of-text (see data/loader.py)
+    bos_aligned: bool = False  # one document per row, led by begin-of-text (see tokens/loader.py)
     match_vocab: bool = True  # set model.vocab_size to the tokenizer's vocabulary size
 
 

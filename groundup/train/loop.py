@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from groundup.config import from_dict
-from groundup.data.loader import TokenLoader
+from groundup.tokens.loader import TokenLoader
 from groundup.io import atomic_write_json
 from groundup.model.sizing import flops_per_token
 from groundup.model.transformer import Transformer

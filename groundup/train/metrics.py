@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from groundup.errors import ConfigError
+from groundup.layout import METRICS_FILE
 
 # Dense peak FLOP/s per device: (bf16, fp32 as TF32 tensor-core math).
 PEAK_FLOPS = {
@@ -88,7 +89,7 @@ class MetricsLog:
                  tensorboard: bool = False, wandb: bool = False, wandb_project: str = "groundup",
                  run_config: dict | None = None):
         self.enabled = enabled
-        self.path = run_dir / "metrics.jsonl"
+        self.path = run_dir / METRICS_FILE
         self.file = open(self.path, "a", encoding="utf-8") if enabled else None
         self.bar = None
         if enabled and progress:
@@ -157,7 +158,7 @@ class MetricsLog:
 
 def truncate_metrics(run_dir: Path, offset: int) -> None:
     """Cut metrics.jsonl back to `offset` bytes: drop what a killed run logged after its checkpoint."""
-    path = run_dir / "metrics.jsonl"
+    path = run_dir / METRICS_FILE
     if path.exists() and path.stat().st_size > offset:
         with open(path, "r+b") as f:
             f.truncate(offset)

@@ -134,7 +134,7 @@ def build_optimizers(model: nn.Module, cfg: OptimConfig) -> list[torch.optim.Opt
     """The optimizers for `model`'s parameters; the schedule sets their rates before each step."""
     named = param_groups(model, cfg)
     sharded = any(_is_dtensor(p) for group in named.values() for _, p in group)
-    groups = [{"params": [p for _, p in named[k]], "weight_decay": wd, "lr_scale": 1.0}
+    groups = [{"params": [p for _, p in named[k]], "weight_decay": wd}
               for k, wd in (("decay", cfg.weight_decay), ("no_decay", 0.0)) if named[k]]
     if cfg.name == "lion":
         return [Lion(groups, lr=0.0, betas=cfg.lion_betas)]
@@ -152,7 +152,5 @@ def build_optimizers(model: nn.Module, cfg: OptimConfig) -> list[torch.optim.Opt
         else:
             muon = NewtonSchulzMuon(params, lr=0.0, weight_decay=cfg.weight_decay, momentum=cfg.muon_momentum,
                                     ns_steps=cfg.muon_ns_steps)
-        for group in muon.param_groups:
-            group["lr_scale"] = 1.0
         optimizers.insert(0, muon)
     return optimizers

@@ -18,15 +18,13 @@ import shutil
 from pathlib import Path
 
 from groundup.config import load_config, save_config
-from groundup.data.shards import check_tokenizer, read_index
+from groundup.tokens.shards import check_tokenizer, read_index
 from groundup.errors import CheckpointError, ConfigError, DataError
 from groundup.io import atomic_dir, ensure_writable_dir
-from groundup.model.io import TOKENIZER_DIR
+from groundup.layout import RUN_CONFIG_FILE as CONFIG_FILE, TOKENIZER_DIR, is_run_dir, is_tokenizer_dir
 from groundup.tokenizer import Tokenizer
 from groundup.train.metrics import check_trackers
 from groundup.train.config import TrainConfig, resume_differences
-
-CONFIG_FILE = "config.toml"
 
 
 def _data_tokenizer_dir(cfg: TrainConfig, index: dict) -> Path:
@@ -36,7 +34,7 @@ def _data_tokenizer_dir(cfg: TrainConfig, index: dict) -> Path:
     named = index.get("tokenizer")
     shards = Path(cfg.data.shards)
     for candidate in ([Path(named), shards / named] if named else []):
-        if (candidate / "tokenizer.json").is_file():
+        if is_tokenizer_dir(candidate):
             return candidate
     raise ConfigError(f"data.tokenizer is not set and the tokenizer recorded in {shards}/index.json "
                       f"({named!r}) is not found: set data.tokenizer to the tokenizer directory", key="data.tokenizer")
@@ -49,10 +47,6 @@ def _match_vocab(cfg: TrainConfig, tok: Tokenizer) -> TrainConfig:
         raise ConfigError(f"model.vocab_size = {cfg.model.vocab_size}: expected at least the tokenizer's "
                           f"{tok.vocab_size} (or data.match_vocab = true)", key="model.vocab_size")
     return cfg
-
-
-def has_run(out: Path) -> bool:
-    return (out / CONFIG_FILE).is_file() or (out / "checkpoints").is_dir()
 
 
 def prepare(cfg: TrainConfig, out: Path, resume: bool, is_main: bool) -> tuple[TrainConfig, Tokenizer, list[str], Path]:
@@ -78,7 +72,7 @@ def prepare(cfg: TrainConfig, out: Path, resume: bool, is_main: bool) -> tuple[T
         check_compatible(saved, cfg, f"{out / CONFIG_FILE}")
         changes = resume_differences(saved, cfg)[1]
     else:
-        if has_run(out):
+        if is_run_dir(out):
             raise DataError(f"{out} already holds a training run: resume it with 'groundup train --resume {out}' "
                             "or choose another --out")
         if is_main:

@@ -62,11 +62,11 @@ class Schedule:
         return lr_at(self.cfg, step, self.max_steps) * self.lr_factor
 
     def apply(self, optimizers, step: int) -> float:
-        """Set every param group's rate for `step` (times the group's `lr_scale`); returns the base rate."""
+        """Set every param group's rate for `step`; returns it."""
         lr = self.lr(step)
         for opt in optimizers:
             for group in opt.param_groups:
-                group["lr"] = lr * group.get("lr_scale", 1.0)
+                group["lr"] = lr
         return lr
 
     def state_dict(self) -> dict:

@@ -22,7 +22,7 @@ from collections import deque
 import numpy as np
 import torch
 
-from groundup.data.loader import IGNORE_INDEX, Batch
+from groundup.tokens.loader import IGNORE_INDEX, Batch
 from groundup.train.config import StabilityConfig
 
 _MIX = np.uint64(0x9E3779B97F4A7C15)  # odd 64-bit constant: polynomial hashing mod 2**64

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from groundup.data.loader import IGNORE_INDEX
+from groundup.tokens.loader import IGNORE_INDEX
 from groundup.train.distributed import grad_sync, total_norm
 from groundup.train.stability import gate_batch
 

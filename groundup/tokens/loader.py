@@ -46,7 +46,7 @@ from typing import Iterator, NamedTuple
 import numpy as np
 import torch
 
-from groundup.data.shards import ShardFile, check_tokenizer, document_ids, open_split, read_index
+from groundup.tokens.shards import ShardFile, check_tokenizer, document_ids, open_split, read_index
 from groundup.errors import DataError
 
 IGNORE_INDEX = -100  # torch.nn.functional.cross_entropy's default ignore_index

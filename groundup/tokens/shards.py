@@ -45,6 +45,7 @@ import numpy as np
 import xxhash
 
 from groundup.config import fail
+from groundup.data.hashing import document_score, split_score as _score
 from groundup.errors import DataError
 from groundup.io import atomic_open, atomic_write_json, ensure_writable_dir, read_json
 
@@ -77,15 +78,6 @@ class TokenizeConfig:
 
 def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype("<u2") if vocab_size <= 1 << 16 else np.dtype("<u4")
-
-
-def document_score(text: str, seed: int = 0) -> float:
-    """Where a document falls in [0, 1): the split rule and the tokenizer's held-out set use it."""
-    return _score(text.encode("utf-8", "surrogatepass"), seed)
-
-
-def _score(data: bytes, seed: int) -> float:
-    return xxhash.xxh64_intdigest(data, seed) / 2.0**64
 
 
 # ----------------------------------------------------------------------------- writing

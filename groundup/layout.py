@@ -1,0 +1,216 @@
+"""Where everything lives on disk: the one module that names run, checkpoint, model and tokenizer files.
+
+    MODEL/                          a model directory (what --checkpoint, --base and import/merge --out mean)
+        model.safetensors           every persistent tensor, no pickle
+        model.toml                  the ModelConfig
+        tokenizer/                  the tokenizer the model reads (optional beside a run's checkpoint)
+    TOKENIZER/                      a tokenizer directory (either backend, see groundup.tokenizer)
+        tokenizer.json              Hugging Face `tokenizers` format
+        groundup_tokenizer.json     groundup's own backend: special-token roles, chat template, hash
+        tokenizer_config.json       a Hugging Face tokenizer's special tokens and chat template
+    RUN/                            a training run (pretraining or any post-training verb)
+        config.toml                 the fully resolved config
+        metrics.jsonl               one JSON object per logged step or event
+        summary.json                what the run returned, written at its end
+        tokenizer/                  a copy of the tokenizer: the run is self-contained
+        checkpoints/step_NNNNNNN/   a model directory + optimizer.pt, loader.pt, trainer.pt, meta.json
+        checkpoints/latest          the newest complete step directory's name, written last
+
+A checkpoint's meta.json records an xxh3-128 digest of each of its files, so every reader (resume,
+generate, export, eval) can tell an intact checkpoint from a truncated or corrupted one, and does.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Callable
+
+import xxhash
+
+from groundup.errors import CheckpointError
+
+# Model directory
+WEIGHTS_FILE = "model.safetensors"
+MODEL_CONFIG_FILE = "model.toml"
+TOKENIZER_DIR = "tokenizer"
+
+# Tokenizer directory
+TOKENIZER_FILE = "tokenizer.json"
+TOKENIZER_META_FILE = "groundup_tokenizer.json"
+HF_TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+HF_SPECIAL_TOKENS_FILE = "special_tokens_map.json"
+
+# Hugging Face model directory (what `export hf` writes and `import hf` reads)
+HF_CONFIG_FILE = "config.json"
+HF_GENERATION_CONFIG_FILE = "generation_config.json"
+HF_WEIGHTS_FILE = "model.safetensors"
+HF_WEIGHTS_INDEX_FILE = "model.safetensors.index.json"
+
+# Run directory
+RUN_CONFIG_FILE = "config.toml"
+METRICS_FILE = "metrics.jsonl"
+SUMMARY_FILE = "summary.json"
+CHECKPOINTS_DIR = "checkpoints"
+LATEST_POINTER = "latest"
+CHECKPOINT_META_FILE = "meta.json"
+CHECKPOINT_FORMAT = "groundup-checkpoint"
+STEP_DIR = re.compile(r"^step_(\d{7,})$")
+
+
+def step_name(step: int) -> str:
+    return f"step_{step:07d}"
+
+
+def checkpoints_dir(run_dir: str | Path) -> Path:
+    return Path(run_dir) / CHECKPOINTS_DIR
+
+
+def latest_pointer(run_dir: str | Path) -> Path:
+    return checkpoints_dir(run_dir) / LATEST_POINTER
+
+
+def is_run_dir(path: str | Path) -> bool:
+    """True when `path` already holds (the start of) a training run."""
+    path = Path(path)
+    return (path / RUN_CONFIG_FILE).is_file() or checkpoints_dir(path).is_dir()
+
+
+def is_model_dir(path: str | Path) -> bool:
+    path = Path(path)
+    return (path / WEIGHTS_FILE).is_file() and (path / MODEL_CONFIG_FILE).is_file()
+
+
+# ----------------------------------------------------------------------------- checkpoint integrity
+
+
+def file_digest(path: Path) -> str:
+    h = xxhash.xxh3_128()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 22):
+            h.update(block)
+    return h.hexdigest()
+
+
+def read_latest(run_dir: str | Path) -> str | None:
+    """The step directory name `checkpoints/latest` holds, or None when missing or unreadable."""
+    pointer = latest_pointer(run_dir)
+    try:
+        name = pointer.read_bytes().decode("utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return name if STEP_DIR.match(name) else None
+
+
+def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
+    """(step, directory) of every step directory, newest first (complete or not)."""
+    ckpt_dir = checkpoints_dir(run_dir)
+    if not ckpt_dir.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in ckpt_dir.iterdir() if p.is_dir() and (m := STEP_DIR.match(p.name))]
+    return sorted(found, reverse=True)
+
+
+def read_checkpoint_meta(step_dir: Path) -> dict:
+    """A checkpoint's meta.json as a dict (CheckpointError when missing, unreadable or not an object)."""
+    path = step_dir / CHECKPOINT_META_FILE
+    try:
+        meta = json.loads(path.read_bytes().decode("utf-8"))
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: file not found") from None
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise CheckpointError(f"{path}: unreadable ({e})") from None
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"{path}: expected a JSON object, got {type(meta).__name__}")
+    return meta
+
+
+def checkpoint_problem(step_dir: Path) -> str | None:
+    """Why `step_dir` is not a complete, intact checkpoint (None when it is)."""
+    if not (step_dir / CHECKPOINT_META_FILE).is_file():
+        return f"no {CHECKPOINT_META_FILE} (the write did not finish)"
+    try:
+        meta = read_checkpoint_meta(step_dir)
+    except CheckpointError as e:
+        return str(e)
+    files = meta.get("files")
+    if meta.get("format") != CHECKPOINT_FORMAT or not isinstance(files, dict):
+        return f"{CHECKPOINT_META_FILE} is not a groundup checkpoint's"
+    for name, digest in files.items():
+        path = step_dir / str(name)
+        if "/" in str(name) or not path.is_file():
+            return f"{name} is missing"
+        if file_digest(path) != digest:
+            return f"{name} does not match its checksum (truncated or corrupt)"
+    return None
+
+
+def find_intact_checkpoint(run_dir: str | Path, note: Callable[[str], None] = print) -> Path | None:
+    """The newest intact checkpoint: the one `latest` names, else the newest older one that checks out."""
+    pointer = latest_pointer(run_dir)
+    named = read_latest(run_dir)
+    if pointer.is_file() and named is None:
+        note(f"warning: {pointer} is damaged; looking for the newest intact checkpoint")
+    candidates = list_checkpoints(run_dir)
+    if named:  # the pointer's target first; anything newer was never vouched for
+        named_step = next((s for s, p in candidates if p.name == named), None)
+        if named_step is None:
+            note(f"warning: {pointer} names {named}, which does not exist")
+        else:
+            candidates = [(s, p) for s, p in candidates if s <= named_step]
+    for _, path in candidates:
+        why = checkpoint_problem(path)
+        if why is None:
+            return path
+        note(f"warning: checkpoint {path.name} is unusable ({why}); trying the previous one")
+    return None
+
+
+# ----------------------------------------------------------------------------- what a user points at
+
+
+def resolve_model_dir(path: str | Path, note: Callable[[str], None] = print) -> Path:
+    """The model directory behind what a user passes as `--checkpoint` (or `--base`).
+
+    A model directory (model.safetensors + model.toml), one checkpoint step directory (verified
+    against its meta.json: a corrupt one is refused), or a training run directory, whose newest
+    intact checkpoint is used (a damaged newer one is skipped with a warning, as resume does).
+    """
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"{path}: no such checkpoint or run directory")
+    if (path / WEIGHTS_FILE).is_file():
+        if (path / CHECKPOINT_META_FILE).is_file():  # a checkpoint step directory: verify it
+            why = checkpoint_problem(path)
+            if why:
+                raise CheckpointError(f"{path}: checkpoint is unusable ({why})")
+        return path
+    if checkpoints_dir(path).is_dir():
+        found = find_intact_checkpoint(path, note)
+        if found is None:
+            raise CheckpointError(f"{path}: no intact checkpoint in {checkpoints_dir(path)}")
+        return found
+    raise CheckpointError(f"{path}: neither a model directory ({WEIGHTS_FILE} + {MODEL_CONFIG_FILE}) nor a run "
+                          f"directory with {CHECKPOINTS_DIR}/")
+
+
+def is_tokenizer_dir(path: str | Path) -> bool:
+    return (Path(path) / TOKENIZER_FILE).is_file()
+
+
+def find_tokenizer_dir(model_dir: str | Path) -> Path | None:
+    """The tokenizer saved with a model: MODEL/tokenizer, or RUN/tokenizer for a run's checkpoint."""
+    model_dir = Path(model_dir)
+    for candidate in (model_dir / TOKENIZER_DIR, model_dir.parent.parent / TOKENIZER_DIR):
+        if is_tokenizer_dir(candidate):
+            return candidate
+    return None
+
+
+def check_tokenizer_fits(tokenizer_vocab: int, model_vocab: int, tokenizer_where: str | Path,
+                         model_where: str | Path) -> None:
+    """A tokenizer with more ids than the model has embeddings was not trained with it: refuse."""
+    if tokenizer_vocab > model_vocab:
+        raise CheckpointError(f"{tokenizer_where} has {tokenizer_vocab} tokens but {model_where} embeds only "
+                              f"{model_vocab}: they were not trained together")
