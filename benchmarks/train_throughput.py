@@ -36,9 +36,10 @@ from groundup.tokens.loader import Batch  # noqa: E402
 from groundup.model.sizing import flops_per_token  # noqa: E402
 from groundup.train.config import TrainConfig  # noqa: E402
 from groundup.train.distributed import Dist  # noqa: E402
-from groundup.train.loop import Trainer, build  # noqa: E402
 from groundup.train.metrics import measure_matmul_flops  # noqa: E402
 from groundup.train.precision import cpu_has_native_bf16  # noqa: E402
+from groundup.train.objective import NextTokenObjective  # noqa: E402
+from groundup.train.state import build_state  # noqa: E402
 from groundup.train.step import train_step  # noqa: E402
 
 MODEL = dict(vocab_size=8192, d_model=384, n_layers=6, n_heads=6, n_kv_heads=2, d_ff=1024, max_seq_len=256,
@@ -65,14 +66,11 @@ def ours(precision: str, cpu_bf16_matmul: str = "auto", compile: bool = False):
         "model": {"name": "bench", **MODEL}, "train": {"batch_size": BATCH, "seq_len": SEQ, "compile": compile},
         "precision": {"mode": precision, "cpu_bf16_matmul": cpu_bf16_matmul},
         "schedule": {"warmup_steps": 0}, "stability": {"spike_factor": 0.0}})
-    t = Trainer()
-    t.cfg = cfg
-    build(t, cfg, Dist(), loader=RandomTokens())
-    state = {"step": 0}
+    state = build_state(cfg, Dist(), NextTokenObjective(cfg), RandomTokens())
 
     def step():
-        r = train_step(t, state["step"], False)
-        state["step"] += 1
+        r = train_step(state)
+        state.step += 1
         return r.loss
 
     return step, cfg.model

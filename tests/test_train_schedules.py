@@ -52,17 +52,17 @@ def test_constant_after_warmup():
 
 def test_rate_is_set_before_each_optimizer_step_and_once_per_step(tmp_path_factory, tmp_path, monkeypatch):
     """What each optimizer.step() sees is the rate for that step, with 3 micro-batches per step."""
-    import groundup.train.loop as loop
+    import groundup.train.state as state_module  # where the training state builds its optimizers
 
     seen: list[float] = []
-    build = loop.build_optimizers
+    build = state_module.build_optimizers
 
     def spying_build(model, cfg):
         optimizers = build(model, cfg)
         optimizers[0].register_step_pre_hook(lambda opt, args, kwargs: seen.append(opt.param_groups[0]["lr"]))
         return optimizers
 
-    monkeypatch.setattr(loop, "build_optimizers", spying_build)
+    monkeypatch.setattr(state_module, "build_optimizers", spying_build)
     shards = shared_shards(tmp_path_factory)[0]
     cfg = tiny_config(shards, "train.max_steps=12", "train.grad_accum=3", "train.batch_size=2",
                       "schedule.warmup_steps=4", "schedule.peak_lr=1e-3", "schedule.min_lr=1e-4",

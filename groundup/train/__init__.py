@@ -1,7 +1,10 @@
-"""Pretraining: `groundup train` and `train(cfg, out_dir, resume=False)`.
+"""The training core and pretraining: `groundup train` and `train(cfg, out_dir, resume=False)`.
 
-    loop.py         train(): build, resume, the loop, evaluation, checkpoints, summary
-    step.py         one optimizer step: micro-batches, loss scaling, clipping, skip or update
+    state.py        TrainState (every field a run carries between steps), build_state, save/restore
+    objective.py    the objective interface (a batch -> loss + metrics) and NextTokenObjective
+    step.py         one optimizer step of any objective: micro-batches, loss scaling, clipping, skip or update
+    loop.py         the shared loop: resume, logging, evaluation, checkpoints, rollback, summary
+    pretrain.py     train(): token shards + the next-token objective on the core
     config.py       TrainConfig: model, data, train, optim, schedule, precision, checkpoint, stability, eval, log, distributed
     run.py          the run directory: config, tokenizer copy, fresh-or-resume checks
     optimizers.py   AdamW, Muon (+ AdamW), Lion and their parameter groups
@@ -15,6 +18,6 @@
 """
 
 from groundup.train.config import TrainConfig
-from groundup.train.loop import train
+from groundup.train.pretrain import train
 
 __all__ = ["TrainConfig", "train"]

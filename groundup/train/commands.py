@@ -27,7 +27,7 @@ def train_arguments(p: argparse.ArgumentParser) -> None:
 def train(args: argparse.Namespace) -> int:
     from groundup.config import load_config
     from groundup.train.config import TrainConfig
-    from groundup.train.loop import train as run_training
+    from groundup.train.pretrain import train as run_training
     from groundup.layout import RUN_CONFIG_FILE as CONFIG_FILE
 
     overrides = list(args.overrides) + (["log.progress=false"] if args.quiet else [])

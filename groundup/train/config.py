@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from groundup.config import ConfigError, config_diff, fail, from_dict
+from groundup.errors import CheckpointError
 from groundup.model.config import ModelConfig
 
 
@@ -203,8 +204,19 @@ class TrainConfig:
 INCOMPATIBLE = ("model.", "data.bos_aligned", "data.domain_weights", "optim.name", "train.seq_len", "train.seed")
 
 
-def resume_differences(saved: TrainConfig, new: TrainConfig) -> tuple[list[str], list[str]]:
-    """(incompatible, allowed) differences between a run's saved config and the one resuming it."""
+def resume_differences(saved, new) -> tuple[list[str], list[str]]:
+    """(incompatible, allowed) differences between a run's saved config and the one resuming it.
+
+    A config class may widen the incompatible keys with an `incompatible_keys` class attribute."""
     diff = config_diff(saved, new)
-    bad = [d for d in diff if d.startswith(INCOMPATIBLE)]
+    keys = tuple(getattr(type(new), "incompatible_keys", INCOMPATIBLE))
+    bad = [d for d in diff if d.startswith(keys)]
     return bad, [d for d in diff if d not in bad]
+
+
+def check_compatible(saved, new, where: str) -> None:
+    """Refuse to continue `saved`'s run with `new` when they differ in a key that matters."""
+    bad, _ = resume_differences(saved, new)
+    if bad:
+        raise CheckpointError(f"{where} was written with an incompatible config; these keys differ (saved -> "
+                              f"now): {'; '.join(bad)}. Start a new run (--out) to change them")

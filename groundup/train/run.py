@@ -24,7 +24,7 @@ from groundup.io import atomic_dir, ensure_writable_dir
 from groundup.layout import RUN_CONFIG_FILE as CONFIG_FILE, TOKENIZER_DIR, is_run_dir, is_tokenizer_dir
 from groundup.tokenizer import Tokenizer
 from groundup.train.metrics import check_trackers
-from groundup.train.config import TrainConfig, resume_differences
+from groundup.train.config import TrainConfig, check_compatible, resume_differences
 
 
 def _data_tokenizer_dir(cfg: TrainConfig, index: dict) -> Path:
@@ -91,11 +91,3 @@ def write_run_files(cfg: TrainConfig, out: Path, tok_dir: Path, resume: bool, ch
             shutil.copytree(tok_dir, tmp, dirs_exist_ok=True)
     if not resume or changes:
         save_config(cfg, out / CONFIG_FILE)
-
-
-def check_compatible(saved: TrainConfig, new: TrainConfig, where: str) -> None:
-    """Refuse to continue `saved`'s run with `new` when they differ in a key that matters."""
-    bad, _ = resume_differences(saved, new)
-    if bad:
-        raise CheckpointError(f"{where} was written with an incompatible config; these keys differ (saved -> "
-                              f"now): {'; '.join(bad)}. Start a new run (--out) to change them")

@@ -1,0 +1,153 @@
+"""The training state: every field a run carries between steps, declared, and how it meets a checkpoint.
+
+    state = build_state(cfg, dist, objective, loader, tokenizer=tok, run_dir=out)   # model from cfg.model
+    state = build_state(cfg, dist, objective, loader, model=base_model)            # or a model given (fine-tuning)
+    result = train_step(state)                                                     # step.py
+    save_state(state, log); restore_state(state, load_checkpoint(path), note)
+
+Exact resume rests on one rule: everything that decides a later step lives in these fields, and
+`save_state` writes all of it (weights, optimizer, schedule, loader position, spike-guard history,
+counters, the RNG state of every process); nothing else carries state between steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from groundup.model.transformer import Transformer
+from groundup.train import checkpoint as ckpt
+from groundup.train.distributed import (Dist, full_model_state, full_optimizer_state, load_model_state,
+                                        load_optimizer_state, wrap)
+from groundup.train.objective import Objective
+from groundup.train.optimizers import build_optimizers
+from groundup.train.precision import Precision
+from groundup.train.schedules import Schedule
+from groundup.train.stability import SpikeGuard
+
+
+@dataclass
+class TrainState:
+    cfg: Any  # the run's config: a TrainConfig or a post-training config built on it
+    dist: Dist  # which process this is, the device, DDP or FSDP2
+    precision: Precision  # the fp32 master / compute split and the forward context
+    model: nn.Module  # what forward and backward run on (wrapped by DDP, or sharded by FSDP2)
+    step_model: nn.Module  # `model`, or its torch.compile
+    optimizers: list[torch.optim.Optimizer]
+    schedule: Schedule
+    guard: SpikeGuard
+    loader: Any  # yields batches; has state_dict() / load_state_dict()
+    objective: Objective
+    tokenizer: Any = None  # the tokenizer the data was made with (its hash goes into checkpoints)
+    run_dir: Path | None = None
+    step: int = 0  # optimizer steps completed
+    tokens: int = 0  # tokens consumed (all processes; rollbacks do not give them back)
+    elapsed: float = 0.0  # seconds of training, over all sessions of this run
+    gated: int = 0  # sequences dropped by the data gate
+    master_moe: list = field(default_factory=list)  # MoE layers of the master model (their biases update)
+    compute_moe: list = field(default_factory=list)  # ... and of the compute model (their load counts)
+
+    @property
+    def state_owner(self) -> nn.Module:
+        """The module whose weights and optimizer state a checkpoint holds: the fp32 master (FSDP: the sharded model)."""
+        return self.model if self.dist.strategy == "fsdp" else self.precision.master
+
+    def note(self, text: str) -> None:
+        if self.dist.is_main:
+            print(text, flush=True)
+
+
+def build_state(cfg, dist: Dist, objective: Objective, loader, *, tokenizer=None, run_dir: str | Path | None = None,
+                model: nn.Module | None = None) -> TrainState:
+    """Model (from `cfg.model`, or `model` given in fp32), precision, wrapping, optimizers, schedule, guard.
+
+    Every process builds the same initial weights (the seed is set first); dropout masks then differ
+    between processes. Only parameters that require gradients get optimizer state.
+    """
+    d = dist
+    torch.manual_seed(cfg.train.seed)  # the same initial weights on every process
+    meta = d.strategy == "fsdp" and cfg.distributed.meta_init and model is None
+    if model is None:
+        with torch.device("meta" if meta else d.device):
+            model = Transformer(cfg.model)
+    else:
+        model = model.to(d.device)
+    model.grad_checkpointing = cfg.train.grad_checkpointing
+    precision = Precision(cfg.precision, d.device, fsdp=d.strategy == "fsdp")
+    compute = precision.setup(model)
+    wrapped = wrap(compute, d, precision.fsdp_policy(), find_unused=cfg.model.n_experts > 0)
+    if meta:  # shards exist now: allocate and initialise them in place
+        model.to_empty(device=d.device)
+        model.reset_buffers()
+        if d.device.type == "cpu":
+            # DTensor has no RNG tracker on CPU meshes: each process draws its shards from its own
+            # generator, which must then differ between processes or the shards would repeat.
+            torch.manual_seed(cfg.train.seed + 1 + d.rank)
+        with torch.no_grad():
+            model.init_weights()
+    step_model = torch.compile(wrapped) if cfg.train.compile else wrapped
+    state = TrainState(
+        cfg=cfg, dist=d, precision=precision, model=wrapped, step_model=step_model,
+        optimizers=build_optimizers(precision.master, cfg.optim), schedule=Schedule(cfg.schedule, cfg.train.max_steps),
+        guard=SpikeGuard(cfg.stability), loader=loader, objective=objective, tokenizer=tokenizer,
+        run_dir=Path(run_dir) if run_dir is not None else None,
+        master_moe=precision.master.moe_layers(), compute_moe=compute.moe_layers())
+    torch.manual_seed(cfg.train.seed + 1 + d.rank)  # dropout masks differ between processes
+    return state
+
+
+def _rng_state(d: Dist) -> dict:
+    rng = {"cpu": torch.get_rng_state()}
+    if d.device.type == "cuda":
+        rng["cuda"] = torch.cuda.get_rng_state(d.device)
+    return rng
+
+
+def save_state(state: TrainState, metrics_offset: int, note: Callable[[str], None] = print) -> Path | None:
+    """Checkpoint the current step (every process takes part; the main one writes); returns its directory."""
+    d, cfg = state.dist, state.cfg
+    owner = state.state_owner
+    model_state = full_model_state(owner, d)
+    optim_state = full_optimizer_state(owner, state.optimizers, d)
+    rngs, loaders = d.gather(_rng_state(d)), d.gather(state.loader.state_dict())
+    path = None
+    if d.is_main:
+        trainer_state = {"step": state.step, "tokens": state.tokens, "elapsed": state.elapsed, "gated": state.gated,
+                         "schedule": state.schedule.state_dict(), "guard": state.guard.state_dict(), "rng": rngs}
+        meta = {"tokens": state.tokens, "world_size": d.world_size, "metrics_offset": metrics_offset,
+                "objective": state.objective.name,
+                "tokenizer_hash": state.tokenizer.hash if state.tokenizer is not None else None}
+        path = ckpt.save_checkpoint(state.run_dir, state.step, cfg, model_state, optim_state, loaders,
+                                    trainer_state, meta)
+        ckpt.rotate(state.run_dir, cfg.checkpoint.every, cfg.checkpoint.keep_last, cfg.checkpoint.keep_every)
+    d.barrier()
+    return path
+
+
+def restore_state(state: TrainState, data: dict, note: Callable[[str], None] = print, *, loader: bool = True,
+                  rng: bool = True) -> None:
+    """Load a checkpoint's contents (`checkpoint.load_checkpoint`) into the state, on every process.
+
+    `loader=False` keeps the data position and counters (a rollback continues past the bad data);
+    `rng=False` keeps the current random state.
+    """
+    d = state.dist
+    owner = state.state_owner
+    load_model_state(owner, data["model"], d)
+    load_optimizer_state(owner, state.optimizers, data["optimizer"], d)
+    state.precision.master_to_compute()
+    saved = data["trainer"]
+    state.schedule.load_state_dict(saved["schedule"])
+    state.step = int(saved["step"])
+    if loader:
+        ckpt.restore_loader(state.loader, data["loader"], note)
+        state.guard.load_state_dict(saved["guard"])
+        state.tokens, state.elapsed, state.gated = int(saved["tokens"]), float(saved["elapsed"]), int(saved["gated"])
+    if rng and len(saved["rng"]) == d.world_size:
+        torch.set_rng_state(saved["rng"][d.rank]["cpu"])
+        if d.device.type == "cuda" and "cuda" in saved["rng"][d.rank]:
+            torch.cuda.set_rng_state(saved["rng"][d.rank]["cuda"], d.device)
