@@ -13,6 +13,7 @@ from groundup.infer import Generator, SamplingConfig
 from groundup.infer.sampling import Sampler, filtered_probs
 from groundup.infer.static_decode import StaticDecoder
 from groundup.infer.text_stream import TextStream
+from groundup.layout import CHECKPOINT_FORMAT, file_digest
 from infer_helpers import VOCAB, model_dir, small_tokenizer, tiny_model
 
 
@@ -180,9 +181,12 @@ def test_loads_a_model_directory_and_a_training_run(tmp_path, tok):
     model_dir(step, model, tok)
     (step / "tokenizer").rename(run / "tokenizer")  # a run keeps one tokenizer for all its checkpoints
     (run / "checkpoints" / "latest").write_text("step_0000100\n")
-    (step / "meta.json").write_text(json.dumps({"tokenizer_hash": tok.hash}))
+    # A checkpoint's meta.json vouches for its files (every reader checks): write it as the trainer does.
+    files = {f.name: file_digest(f) for f in step.iterdir() if f.is_file()}
+    meta = {"format": CHECKPOINT_FORMAT, "files": files}
+    (step / "meta.json").write_text(json.dumps({**meta, "tokenizer_hash": tok.hash}))
     assert Generator.from_checkpoint(run).generate(["To be"], max_new_tokens=10, temperature=0) == ref
-    (step / "meta.json").write_text(json.dumps({"tokenizer_hash": "0123456789abcdef"}))
+    (step / "meta.json").write_text(json.dumps({**meta, "tokenizer_hash": "0123456789abcdef"}))
     with pytest.raises(CheckpointError, match="differs from 0123456789abcdef"):
         Generator.from_checkpoint(run)
 

@@ -43,13 +43,17 @@ class Completion:
     token_ids: list[int]  # generated ids, ending with the stop token if one ended the row
     finish_reason: str  # "stop" (end of text / turn, stop string) or "length" (token limit or context)
     prompt_tokens: int  # after truncation
+    logprobs: list[float] | None = None  # with SamplingConfig.logprobs: log p of each id in token_ids
+    top_logprobs: list[list[tuple[int, float]]] | None = None  # with top_logprobs = k: the k likeliest per step
 
 
 class Generator:
     def __init__(self, model: Transformer, tokenizer, compile: bool = False):
         """`compile`: decode through a torch.compile'd step (see static_decode; ~2x faster decoding here
-        after about a minute of compiling per batch size)."""
-        self.model = model.eval()
+        after about a minute of compiling per batch size). The model's train/eval mode is left as it is:
+        each generation runs in eval mode and restores the mode it found (GRPO samples from the policy
+        it trains)."""
+        self.model = model
         self.tokenizer = tokenizer
         self.cfg = model.cfg
         self.device = model.embed.weight.device
@@ -83,10 +87,25 @@ class Generator:
         """Like `generate`, with token ids, finish reasons and prompt lengths."""
         cfg = SamplingConfig.make(sampling, **options)
         rows = self.encode_prompts(prompts, cfg)
+        return self.complete_ids(rows, cfg)
+
+    def complete_ids(self, rows: Sequence[Sequence[int]], sampling: SamplingConfig | None = None,
+                     **options) -> list[Completion]:
+        """`complete` for prompts given as token ids (used as they are: no prefix is added)."""
+        cfg = SamplingConfig.make(sampling, **options)
+        rows = [self.fit(list(r), cfg, i) for i, r in enumerate(rows)]
         streams = self._streams(len(rows), cfg)
-        for _ in self._stream_rows(rows, cfg, streams):
+        scores: list[list] | None = [[] for _ in rows] if cfg.logprobs else None
+        for _ in self._stream_rows(rows, cfg, streams, scores):
             pass
-        return [Completion(s.text, s.token_ids, s.finish_reason, len(r)) for s, r in zip(streams, rows)]
+        out = []
+        for b, (s, r) in enumerate(zip(streams, rows)):
+            c = Completion(s.text, s.token_ids, s.finish_reason, len(r))
+            if scores is not None:
+                c.logprobs = [lp for lp, _ in scores[b]]
+                c.top_logprobs = [top for _, top in scores[b]] if cfg.top_logprobs else None
+            out.append(c)
+        return out
 
     def stream(self, prompt: str, sampling: SamplingConfig | None = None, **options) -> Iterator[str]:
         """Text pieces of one completion as tokens arrive; they concatenate to `generate`'s text."""
@@ -117,7 +136,7 @@ class Generator:
         done = [False] * len(rows)
         steps = self._token_steps(rows, cfg)
         try:
-            for tokens in steps:
+            for tokens, _ in steps:
                 for b, t in enumerate(tokens):
                     if not done[b]:
                         out[b].append(t)
@@ -163,12 +182,18 @@ class Generator:
             if deltas[0]:
                 yield deltas[0]
 
-    def _stream_rows(self, rows: list[list[int]], cfg: SamplingConfig, streams: list[TextStream]
-                     ) -> Iterator[list[str]]:
+    def _stream_rows(self, rows: list[list[int]], cfg: SamplingConfig, streams: list[TextStream],
+                     scores: list[list] | None = None) -> Iterator[list[str]]:
+        """Per step, each row's new text; `scores[b]` collects (log p, top-k) of each token row b keeps."""
         steps = self._token_steps(rows, cfg)
         try:
-            for tokens in steps:
-                yield [s.push(t) for s, t in zip(streams, tokens)]
+            for tokens, scored in steps:
+                deltas = []
+                for b, (s, t) in enumerate(zip(streams, tokens)):
+                    if scores is not None and not s.done:
+                        scores[b].append(scored[b])
+                    deltas.append(s.push(t))
+                yield deltas
                 if all(s.done for s in streams):
                     break
         finally:
@@ -177,8 +202,17 @@ class Generator:
         if any(tail):
             yield tail
 
-    def _token_steps(self, rows: list[list[int]], cfg: SamplingConfig) -> Iterator[list[int]]:
-        """Each step, the next token of every row: prefill once, then decode one token at a time."""
+    def _token_steps(self, rows: list[list[int]], cfg: SamplingConfig) -> Iterator[tuple[list[int], list | None]]:
+        """Each step, the next token of every row (and with cfg.logprobs, each row's (log p, top-k)):
+        prefill once, then decode one token at a time, in eval mode (the caller's mode is restored)."""
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            yield from self._decode(rows, cfg)
+        finally:
+            self.model.train(was_training)
+
+    def _decode(self, rows: list[list[int]], cfg: SamplingConfig) -> Iterator[tuple[list[int], list | None]]:
         longest = max(len(r) for r in rows)
         n_new = min(cfg.max_new_tokens, self.cfg.max_seq_len - longest)
         pad = [longest - len(r) for r in rows]
@@ -198,10 +232,11 @@ class Generator:
             logits = self.model(ids, cache=cache, last_only=True).logits[:, -1]
             tokens = sampler(logits)
         for i in range(n_new):
-            yield tokens.tolist()
+            yield tokens.tolist(), sampler.scores(logits, tokens) if cfg.logprobs else None
             if i + 1 < n_new:
                 with torch.inference_mode():
-                    tokens = sampler(step(tokens[:, None], cache))
+                    logits = step(tokens[:, None], cache)
+                    tokens = sampler(logits)
 
     def _eager_step(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
         return self.model(tokens, cache=cache).logits[:, -1]

@@ -36,6 +36,8 @@ class SamplingConfig:
     seed: int = 0
     stop: list[str] = field(default_factory=list)  # stop strings, cut from the returned text
     overflow: Literal["error", "truncate"] = "error"  # a prompt too long for the context
+    logprobs: bool = False  # also return each generated token's log-probability (the model's own, unprocessed)
+    top_logprobs: int = 0  # with logprobs: the k most likely tokens at each step as well; 0 = none
 
     def validate(self) -> None:
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
@@ -56,6 +58,8 @@ class SamplingConfig:
             fail("stop", self.stop, "a list of non-empty strings")
         if self.overflow not in ("error", "truncate"):
             fail("overflow", self.overflow, "'error' or 'truncate'")
+        if not isinstance(self.top_logprobs, int) or not 0 <= self.top_logprobs <= 20:
+            fail("top_logprobs", self.top_logprobs, "an integer in [0, 20]")
 
     @classmethod
     def make(cls, base: "SamplingConfig | None" = None, **overrides) -> "SamplingConfig":
@@ -105,6 +109,16 @@ class Sampler:
         if self.seen is not None:
             self.seen.scatter_(1, tokens[:, None], True)
         return tokens
+
+    def scores(self, logits: torch.Tensor, tokens: torch.Tensor) -> list[tuple[float, list[tuple[int, float]] | None]]:
+        """Per row, (log p of the chosen token, [(id, log p)] of the k likeliest) under the model's own
+        distribution: before the penalty, temperature and filters, as vLLM's raw log-probs."""
+        logp = torch.log_softmax(logits[:, : self.vocab_size].float(), dim=-1)
+        chosen = logp.gather(1, tokens[:, None]).squeeze(1).tolist()
+        if not self.cfg.top_logprobs:
+            return [(lp, None) for lp in chosen]
+        values, ids = logp.topk(self.cfg.top_logprobs, dim=-1)
+        return [(lp, list(zip(i, v))) for lp, i, v in zip(chosen, ids.tolist(), values.tolist())]
 
 
 def filtered_probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:

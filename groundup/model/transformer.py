@@ -23,6 +23,7 @@ from torch.utils.checkpoint import checkpoint
 from groundup.model.attention import AttnMask, Attention, build_mask
 from groundup.model.config import ModelConfig
 from groundup.model.kv_cache import KVCache
+from groundup.model.logprobs import TokenStats, chunked_logprobs, chunked_token_stats
 from groundup.model.loss import cross_entropy_with_z, fused_linear_cross_entropy
 from groundup.model.mla import MLAttention
 from groundup.model.mlp import MLP
@@ -38,6 +39,8 @@ class ModelOutput:
     ce_loss: torch.Tensor | None = None  # detached, for logging
     z_loss: torch.Tensor | None = None  # detached, unscaled mean log(Z)^2
     aux_loss: torch.Tensor | None = None  # MoE load-balancing loss (already scaled by its coefficient)
+    logprobs: torch.Tensor | None = None  # (B, T) log p(target), with score="logprobs" (see logprobs.py)
+    stats: TokenStats | None = None  # with score="stats"
 
 
 class Block(nn.Module):
@@ -134,8 +137,13 @@ class Transformer(nn.Module):
 
     def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None, *,
                 cache: KVCache | None = None, pad_lens: torch.Tensor | None = None,
-                return_logits: bool | None = None, last_only: bool = False) -> ModelOutput:
-        """`last_only`: logits of the last position only (generation's prefill needs no others)."""
+                return_logits: bool | None = None, last_only: bool = False, score: str | None = None,
+                top_k: int = 0, vocab_limit: int | None = None) -> ModelOutput:
+        """`last_only`: logits of the last position only (generation's prefill needs no others).
+
+        `score` (with targets): "logprobs" returns the per-token log-probabilities of the targets
+        (differentiable), "stats" the `TokenStats` (no gradients, `top_k` most likely tokens below
+        `vocab_limit`), both chunked without materialising the logits; no loss is computed."""
         B, T = tokens.shape
         cfg = self.cfg
         start = cache.prepare(T) if cache is not None else 0
@@ -168,7 +176,23 @@ class Transformer(nn.Module):
             x = x[:, -1:]
         if self.norm is not None:
             x = self.norm(x)
+        if score is not None:
+            return self._score(x, targets, score, top_k, vocab_limit)
         return self._head(x, targets, aux_total, return_logits)
+
+    def _score(self, x, targets, score: str, top_k: int, vocab_limit: int | None) -> ModelOutput:
+        if targets is None:
+            raise ValueError("score= needs targets")
+        B, T, D = x.shape
+        flat_x, flat_t = x.reshape(-1, D), targets.reshape(-1)
+        cap, chunk = self.cfg.final_logit_softcap, self.cfg.loss_chunk_size or 2048
+        if score == "logprobs":
+            return ModelOutput(logprobs=chunked_logprobs(flat_x, self.output_weight, flat_t, cap, chunk).view(B, T))
+        if score == "stats":
+            st = chunked_token_stats(flat_x, self.output_weight, flat_t, cap, chunk, top_k, vocab_limit)
+            shaped = {k: v.view(B, T, *v.shape[1:]) if v is not None else None for k, v in vars(st).items()}
+            return ModelOutput(stats=TokenStats(**shaped))
+        raise ValueError(f"score = {score!r}: expected 'logprobs' or 'stats'")
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         logits = F.linear(x, self.output_weight).float()
