@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 
 from groundup.errors import ConfigError
-from groundup.io import atomic_write_text
+from groundup.io import atomic_write_text, read_text
 
 T = TypeVar("T")
 
@@ -60,14 +60,17 @@ def did_you_mean(word: str, candidates: typing.Iterable[str], prefix: str = "", 
 
 
 def read_toml(path: str | Path) -> dict:
+    """A TOML file as a dict; missing, unreadable, non-UTF-8 or invalid files are a ConfigError naming it."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise ConfigError(f"config file not found: {path}")
+    text = read_text(path, ConfigError)
     try:
-        with path.open("rb") as f:
-            return tomllib.load(f)
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: invalid TOML: {e}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: invalid TOML: nested too deeply") from None
 
 
 def _parse_value(text: str) -> Any:
@@ -161,6 +164,8 @@ def _coerce(value: Any, tp: Any, key: str, base: Any = None) -> Any:
         fail(key, value, "an integer")
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not math.isfinite(value):  # an infinite rate or threshold only ever means a run that never ends
+                fail(key, value, "a finite number")
             return float(value)
         fail(key, value, "a number")
     if tp is str:

@@ -19,3 +19,7 @@ class DataError(GroundupError):
 
 class CheckpointError(GroundupError):
     """A checkpoint is missing, incomplete, corrupt, or made by an incompatible config."""
+
+
+class TrainingError(GroundupError):
+    """A run cannot go on: it diverged past what rollbacks can repair."""

@@ -91,14 +91,79 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def read_json(path: str | Path) -> Any:
+@contextlib.contextmanager
+def writer_lock(directory: str | Path, name: str = ".lock", create: bool = True) -> Iterator[None]:
+    """Hold an exclusive advisory lock on `directory` (one writer at a time); the kernel releases it when
+    the process ends, however it ends, so a killed writer never leaves a stale lock behind.
+
+    A second process asking for the same lock gets a DataError naming the holder's pid at once. With
+    `create=False` a missing directory is not created (and nothing is locked)."""
+    import fcntl
+
+    directory = Path(directory)
+    if not directory.exists():
+        if not create:
+            yield
+            return
+        ensure_writable_dir(directory)
+    path = directory / name
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise DataError(f"{directory}: cannot create the lock file {name} ({e.strerror or e})") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+            raise DataError(f"{directory} is being written by another process (pid {holder}): one writer per "
+                            "run directory; wait for it to finish or choose another directory") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
+
+
+def read_text(path: str | Path, error: type[Exception] = DataError) -> str:
+    """A UTF-8 text file's contents; a missing, unreadable or non-UTF-8 file is `error` naming it and why."""
     path = Path(path)
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        data = path.read_bytes()
     except FileNotFoundError:
-        raise DataError(f"{path}: file not found") from None
+        raise error(f"{path}: file not found") from None
+    except IsADirectoryError:
+        raise error(f"{path}: is a directory, expected a file") from None
+    except OSError as e:
+        raise error(f"{path}: cannot read ({e.strerror or e})") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise error(f"{path}:{line}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})") from None
+
+
+def read_json(path: str | Path, expect: type | tuple[type, ...] | None = None,
+              error: type[Exception] = DataError) -> Any:
+    """Parse a JSON file; with `expect`, also refuse a value of another type (a list where an object belongs).
+
+    Every way a file can be bad (missing, not UTF-8, invalid JSON, an integer too long to convert,
+    nesting too deep, the wrong shape) is `error` naming the file and the reason, never a traceback."""
+    path = Path(path)
+    text = read_text(path, error)
+    try:
+        value = json.loads(text)
     except json.JSONDecodeError as e:
-        raise DataError(f"{path}:{e.lineno}: invalid JSON: {e.msg}") from None
+        raise error(f"{path}:{e.lineno}: invalid JSON: {e.msg}") from None
+    except RecursionError:
+        raise error(f"{path}: invalid JSON: nested too deeply") from None
+    except ValueError as e:  # e.g. an integer of more than 4,300 digits
+        raise error(f"{path}: invalid JSON: {str(e).split(';')[0]}") from None
+    if expect is not None and not isinstance(value, expect):
+        names = " or ".join(t.__name__ for t in (expect if isinstance(expect, tuple) else (expect,)))
+        kinds = {"dict": "an object", "list": "a list", "str": "a string"}
+        raise error(f"{path}: expected {kinds.get(names, names)} at the top level, got {type(value).__name__}")
+    return value
 
 
 def open_compressed(path: str | Path) -> IO[bytes]:

@@ -15,6 +15,7 @@
         tokenizer/                  a copy of the tokenizer: the run is self-contained
         checkpoints/step_NNNNNNN/   a model directory + optimizer.pt, loader.pt, trainer.pt, meta.json
         checkpoints/latest          the newest complete step directory's name, written last
+        .lock                       held by the one process that writes the run (see io.writer_lock)
 
 A checkpoint's meta.json records an xxh3-128 digest of each of its files, so every reader (resume,
 generate, export, eval) can tell an intact checkpoint from a truncated or corrupted one, and does.
@@ -56,6 +57,7 @@ CHECKPOINTS_DIR = "checkpoints"
 LATEST_POINTER = "latest"
 CHECKPOINT_META_FILE = "meta.json"
 CHECKPOINT_FORMAT = "groundup-checkpoint"
+LOCK_FILE = ".lock"  # held (flock) by the one process writing the run; released when it exits
 STEP_DIR = re.compile(r"^step_(\d{7,})$")
 
 

@@ -7,6 +7,7 @@ import contextlib
 import json
 from pathlib import Path
 
+from groundup.errors import ConfigError, DataError
 from groundup.io import atomic_open, ensure_writable_dir
 
 
@@ -17,12 +18,21 @@ def sample_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--math-count", type=int, default=20_000, help="number of generated math problems")
     p.add_argument("--limit", type=int, default=None, help="at most this many records per source")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--overwrite", action="store_true", help="replace <source>.jsonl files already in --out")
 
 
 def sample(args: argparse.Namespace) -> None:
     from groundup.corpus import iter_corpus
 
+    for flag, value, least in (("--math-count", args.math_count, 0), ("--limit", args.limit, 1),
+                               ("--chunk-chars", args.chunk_chars, 1)):
+        if value is not None and value < least:
+            raise ConfigError(f"{flag} {value}: expected an integer >= {least}", key=flag)
     out = ensure_writable_dir(args.out)
+    sources = {"text": "shakespeare", "code": "python-stdlib", "math": "math-synthetic"}
+    existing = [out / f"{sources.get(d, d)}.jsonl" for d in args.domains if (out / f"{sources.get(d, d)}.jsonl").exists()]
+    if existing and not args.overwrite:
+        raise DataError(f"{existing[0]} already exists: choose another --out or pass --overwrite")
     counts: dict[str, int] = {}
     sizes: dict[str, int] = {}
     with contextlib.ExitStack() as stack:  # every file is renamed into place only if all succeed

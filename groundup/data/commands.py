@@ -20,6 +20,7 @@ def curate(args: argparse.Namespace) -> None:
     from groundup.config import inputs_and_overrides, load_config
     from groundup.data.curate_config import CurateConfig
     from groundup.data.pipeline import curate as run
+    from groundup.data.readers import PROBLEM_KINDS, ReadStats
 
     inputs, moved = inputs_and_overrides(args.input)
     overrides = moved + list(args.overrides) + ([f"workers={args.workers}"] if args.workers is not None else [])
@@ -32,6 +33,14 @@ def curate(args: argparse.Namespace) -> None:
         if stage["removed_docs"]:
             print(f"  {stage['name']:<24} removed {stage['removed_docs']:>7,} documents "
                   f"({stage['removed_bytes'] / 1e6:.1f} MB) from {', '.join(stage['applies_to'])}")
+    read = report["read"]
+    if any(read.get(k) for k in PROBLEM_KINDS):
+        stats = ReadStats(**read)
+        print(f"  read problems (skipped and counted): {stats.summary()}")
+        for example in stats.examples(5):
+            print(f"    {example}")
+    for note in report["mix"].get("notes", []):
+        print(f"  mixing: {note}")
     if t["docs_out"] == 0:
         print("  warning: no document was written; report.md shows which stage removed them")
     else:

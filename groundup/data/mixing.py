@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from groundup.config import did_you_mean
+
 from groundup.data.curate_config import MixingConfig
 from groundup.data.hashing import fmix64
 
@@ -36,7 +38,8 @@ def plan_mix(available: dict[str, int], cfg: MixingConfig) -> MixPlan:
     weights = {d: w for d, w in cfg.weights.items() if w > 0}
     missing = [d for d in weights if available.get(d, 0) == 0]
     for d in missing:
-        notes.append(f"domain '{d}' has weight {weights.pop(d)} but no documents survived curation: "
+        hint = did_you_mean(d, [x for x in available if x not in cfg.weights])  # a typo drops a whole domain
+        notes.append(f"domain '{d}' has weight {weights.pop(d)} but no documents survived curation{hint}: "
                      "the other weights were renormalised")
     unweighted = [d for d in available if d not in cfg.weights and available[d] > 0]
     if unweighted:

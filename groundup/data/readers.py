@@ -10,8 +10,10 @@ Inputs and what they become:
   `default_domain`). A file larger than `max_record_bytes` is split at line breaks into parts
   `path#NNNN`, so a huge file never has to fit in memory at once.
 - `.jsonl` (also `.gz`, `.zst`): one record per line; every field is kept. Lines without a string
-  `text`, lines that are not JSON objects and lines longer than `max_record_bytes` are skipped and
-  counted with their `file:line`.
+  `text`, lines that are not JSON objects (or nest deeper than Python can parse, or hold integers too
+  long to convert), records whose `id`, `source`, `domain`, `url` or `language` is not a string, and
+  lines longer than `max_record_bytes` are skipped and counted with their `file:line`. Escaped lone
+  surrogates (which no UTF-8 text can hold) become U+FFFD and are counted as invalid UTF-8.
 - `.parquet`: one record per row, read a row group at a time; every column is kept.
 - directories: walked recursively in sorted order; source files become domain "code" with a
   `language` field, and path conventions mark `vendored`, `generated` and `minified` files (the
@@ -59,6 +61,9 @@ GENERATED_SUFFIXES = ("_pb2.py", "_pb2_grpc.py", ".pb.go", ".pb.cc", ".pb.h", "_
 MINIFIED_MARKERS = (".min.js", ".min.css", "-min.js", ".bundle.js")
 MAX_PROBLEMS = 10  # how many file:line positions each problem kind keeps for the report
 SNIFF_BYTES = 8192
+PROBLEM_KINDS = ("bad_json", "invalid_utf8", "binary_files", "no_text", "too_long", "unsupported_files", "bad_field",
+                 "unreadable_files")
+STRING_FIELDS = ("id", "source", "domain", "url", "language")  # fields the stages read as text, when present
 
 
 @dataclasses.dataclass
@@ -80,6 +85,10 @@ class ReadStats:
     too_long_examples: list[str] = dataclasses.field(default_factory=list)
     unsupported_files: int = 0  # files in a directory with an extension no reader handles
     unsupported_examples: list[str] = dataclasses.field(default_factory=list)
+    bad_field: int = 0  # records whose id, source, domain, url or language is not a string
+    bad_field_examples: list[str] = dataclasses.field(default_factory=list)
+    unreadable_files: int = 0  # files that could not be opened or read to the end (the reason is kept)
+    unreadable_examples: list[str] = dataclasses.field(default_factory=list)
 
     def note(self, kind: str, where: str) -> None:
         """Count one problem of `kind` (a field name above) and keep its position if among the first."""
@@ -99,9 +108,17 @@ class ReadStats:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
+    def examples(self, limit: int = 5) -> list[str]:
+        """The first positions of every kind of problem, for a terminal summary."""
+        out = []
+        for kind in PROBLEM_KINDS:
+            out += getattr(self, f"{kind.removesuffix('_files')}_examples")
+        return out[:limit]
+
+
     def summary(self) -> str:
         parts = [f"{self.records:,} records from {self.files:,} files ({self.bytes / 1e6:.1f} MB)"]
-        for kind in ("bad_json", "invalid_utf8", "binary_files", "no_text", "too_long", "unsupported_files"):
+        for kind in PROBLEM_KINDS:
             if getattr(self, kind):
                 parts.append(f"{getattr(self, kind):,} {kind.replace('_', ' ')}")
         return ", ".join(parts)
@@ -147,6 +164,28 @@ def _read_lines(f: IO[bytes], max_bytes: int) -> Iterator[tuple[int, bytes | Non
             yield lineno, line
 
 
+def _without_surrogates(value: str) -> str:
+    """Each lone surrogate (an escape like \\ud800 in JSON) becomes one U+FFFD."""
+    return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
+def _check_fields(record: dict, where: str, stats: ReadStats) -> bool:
+    """False (and counted) when a field the stages read as text is not one; lone surrogates are replaced."""
+    for key in STRING_FIELDS:
+        value = record.get(key)
+        if value is not None and not isinstance(value, str):
+            stats.note("bad_field", f"{where}: field {key!r} must be a string, got {type(value).__name__}")
+            return False
+    for key, value in record.items():
+        if isinstance(value, str) and not value.isascii():
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                record[key] = _without_surrogates(value)
+                stats.note("invalid_utf8", f"{where}: lone surrogate in {key!r}, replaced")
+    return True
+
+
 def _finish(record: dict, source: str, domain: str, rid: str) -> dict:
     """Fill in the fields every record carries, keeping whatever else the input had."""
     record["id"] = str(record["id"]) if record.get("id") not in (None, "") else rid
@@ -172,11 +211,17 @@ def _iter_jsonl(path: Path, source: str, domain: str, stats: ReadStats, max_byte
             except json.JSONDecodeError as e:
                 stats.note("bad_json", f"{where}: invalid JSON: {e.msg} (column {e.colno})")
                 continue
+            except (ValueError, RecursionError) as e:  # an integer too long to convert, nesting too deep
+                reason = "nested too deeply" if isinstance(e, RecursionError) else str(e).split(";")[0]
+                stats.note("bad_json", f"{where}: unreadable JSON: {reason}")
+                continue
             if not isinstance(record, dict):
                 stats.note("bad_json", f"{where}: expected a JSON object, got {type(record).__name__}")
                 continue
             if not isinstance(record.get("text"), str):
                 stats.note("no_text", f"{where}: no string 'text' field")
+                continue
+            if not _check_fields(record, where, stats):
                 continue
             stats.bytes += len(line)
             yield _finish(record, source, domain, f"{source}:{lineno}")
@@ -188,7 +233,8 @@ def _iter_parquet(path: Path, source: str, domain: str, stats: ReadStats) -> Ite
     try:
         pf = pq.ParquetFile(path)
     except Exception as e:  # noqa: BLE001 - pyarrow raises several types for a bad file
-        raise DataError(f"{path}: not a readable Parquet file: {e}") from None
+        stats.note("unreadable_files", f"{path}: not a readable Parquet file ({e}), skipped")
+        return
     if "text" not in pf.schema_arrow.names:
         stats.no_text += pf.metadata.num_rows
         if len(stats.no_text_examples) < MAX_PROBLEMS:
@@ -200,6 +246,8 @@ def _iter_parquet(path: Path, source: str, domain: str, stats: ReadStats) -> Ite
             row += 1
             if not isinstance(record.get("text"), str):
                 stats.note("no_text", f"{path}:row {row}: 'text' is empty or not a string")
+                continue
+            if not _check_fields(record, f"{path}:row {row}", stats):
                 continue
             stats.bytes += len(record["text"].encode("utf-8"))
             yield _finish(record, source, domain, f"{source}:{row}")
@@ -310,8 +358,10 @@ def iter_records(paths: Sequence[str | Path], stats: ReadStats | None = None, de
                 for record in _iter_file(path, rel, source, default_domain, stats, max_record_bytes, p.is_dir()):
                     stats.records += 1
                     yield record
-            except (OSError, EOFError, zstandard.ZstdError) as e:  # truncated or unreadable: name it, go on
-                stats.note("binary_files", f"{path}: unreadable ({e}), skipped")
+            except (OSError, EOFError, ValueError, zstandard.ZstdError) as e:  # truncated, corrupt (pyarrow's
+                # errors are ValueErrors), unreadable: name it and go on with the next file
+                reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e) or type(e).__name__
+                stats.note("unreadable_files", f"{path}: unreadable ({reason}), skipped")
     if stats.records == start:
         raise DataError(f"no records found in {', '.join(map(str, paths))}: {stats.summary()}"
                         + "".join(f"; {e}" for e in (stats.bad_json_examples + stats.no_text_examples)[:3]))

@@ -3,7 +3,7 @@
 report.json keys:
 - `version` (1), `inputs` (paths), `config` ("config.toml", the resolved settings beside it)
 - `read`: ReadStats: files, records, bytes, bad_json, invalid_utf8, binary_files, no_text,
-  too_long, unsupported_files, each with `*_examples` ("file:line: reason" strings)
+  too_long, unsupported_files, bad_field, unreadable_files, each with `*_examples` ("file:line: reason")
 - `totals`: {docs_in, bytes_in, docs_kept, bytes_kept, docs_out, bytes_out}: read, surviving
   curation and deduplication, and written (with mixing repeats)
 - `domains` / `sources`: the same six numbers per domain / per source
@@ -36,7 +36,7 @@ from groundup.data.curate_config import FILTER_NAMES, CurateConfig
 from groundup.data.curate_shard import shard_files
 from groundup.data.dedup import DedupResult
 from groundup.data.mixing import MixPlan
-from groundup.data.readers import ReadStats
+from groundup.data.readers import PROBLEM_KINDS, ReadStats
 from groundup.data.stats import StageStats, totals
 from groundup.io import atomic_write_json, atomic_write_text
 
@@ -183,8 +183,7 @@ def render_markdown(r: dict) -> str:
         lines.append(f"| {d} | {c['docs_in']:,} | {_mb(c['bytes_in'])} | {c['docs_kept']:,} | {_mb(c['bytes_kept'])} "
                      f"| {c['docs_out']:,} | {_mb(c['bytes_out'])} | {100 * share:.1f}% |")
     read = r["read"]
-    problems = [(k, read[k], read[f"{k.removesuffix('_files')}_examples"]) for k in
-                ("bad_json", "invalid_utf8", "binary_files", "no_text", "too_long", "unsupported_files") if read[k]]
+    problems = [(k, read[k], read[f"{k.removesuffix('_files')}_examples"]) for k in PROBLEM_KINDS if read.get(k)]
     if problems:
         lines += ["", "## Input problems (skipped and counted)", ""]
         for kind, n, examples in problems:

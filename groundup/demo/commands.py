@@ -25,6 +25,7 @@ def demo(args: argparse.Namespace) -> None:
 
 def report_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", type=Path, help="a demo directory or a `groundup train` run directory")
+    p.add_argument("--overwrite", action="store_true", help="replace a report.md that 'groundup report' did not write")
 
 
 def report(args: argparse.Namespace) -> None:
@@ -33,5 +34,5 @@ def report(args: argparse.Namespace) -> None:
 
     if not args.run_dir.is_dir():
         raise GroundupError(f"{args.run_dir}: no such directory")
-    path = write_report(args.run_dir)
+    path = write_report(args.run_dir, overwrite=args.overwrite)
     print(path)

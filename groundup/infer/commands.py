@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from groundup.errors import DataError
+from groundup.io import read_text
 
 
 def _model_arguments(p: argparse.ArgumentParser) -> None:
@@ -79,12 +80,7 @@ def generate_arguments(p: argparse.ArgumentParser) -> None:
 def _read_prompts(args: argparse.Namespace) -> list[str]:
     prompts = list(args.prompt)
     if args.prompts_file is not None:
-        try:
-            lines = args.prompts_file.read_text(encoding="utf-8").splitlines()
-        except FileNotFoundError:
-            raise DataError(f"{args.prompts_file}: prompts file not found") from None
-        except UnicodeDecodeError as e:
-            raise DataError(f"{args.prompts_file}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+        lines = read_text(args.prompts_file).splitlines()  # DataError: missing, a directory, not UTF-8
         blank = sum(1 for line in lines if not line.strip())
         prompts += [line for line in lines if line.strip()]
         if blank:

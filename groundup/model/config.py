@@ -14,6 +14,14 @@ from typing import Literal
 from groundup.config import ConfigError, did_you_mean, fail
 
 
+# Sane upper bounds, checked before anything is allocated (the largest open models are well inside them).
+SIZE_LIMITS = {"vocab_size": 1 << 24, "d_model": 1 << 17, "n_layers": 4096, "n_heads": 4096, "n_kv_heads": 4096,
+               "head_dim": 1 << 14, "max_seq_len": 1 << 23, "d_ff": 1 << 20, "moe_d_ff": 1 << 20, "n_experts": 4096,
+               "kv_lora_rank": 1 << 16, "q_lora_rank": 1 << 16, "qk_nope_head_dim": 1 << 14,
+               "qk_rope_head_dim": 1 << 14, "v_head_dim": 1 << 14, "ffn_multiple_of": 1 << 16}
+MAX_PARAMS = 1e13
+
+
 @dataclass
 class ModelConfig:
     name: str = "custom"
@@ -101,6 +109,16 @@ class ModelConfig:
     def expert_ffn_dim(self) -> int:
         return self.moe_d_ff or self.ffn_dim
 
+    def approx_params(self) -> float:
+        """Parameters counted from the config alone (no module is built): embeddings, attention, MLPs."""
+        d, hd = self.d_model, self.head_dim or max(1, self.d_model // max(1, self.n_heads))
+        embed = self.vocab_size * d * (1 if self.tie_embeddings else 2)
+        attn = d * hd * (2 * self.n_heads + 2 * (self.n_kv_heads or self.n_heads))
+        mlp = (3 if self.gated else 2) * d * self.ffn_dim
+        experts = self.n_experts * 3 * d * (self.moe_d_ff or self.ffn_dim) + self.n_experts * d
+        layer_moe = max(0, self.n_layers - self.n_dense_layers) if self.n_experts else 0
+        return float(embed + self.n_layers * attn + (self.n_layers - layer_moe) * mlp + layer_moe * experts)
+
     def is_moe_layer(self, layer: int) -> bool:
         return self.n_experts > 0 and layer >= self.n_dense_layers
 
@@ -124,6 +142,17 @@ class ModelConfig:
         for key in ("vocab_size", "d_model", "n_layers", "n_heads", "max_seq_len", "ffn_multiple_of"):
             if getattr(self, key) <= 0:
                 fail(key, getattr(self, key), "a positive integer")
+        # Sizes are bounded before anything is built: a typo such as n_layers = 1e9 must fail in a
+        # millisecond with the size in the message, not hang building modules or exhaust memory.
+        for key, limit in SIZE_LIMITS.items():
+            value = getattr(self, key)
+            if value is not None and value > limit:
+                fail(key, value, f"at most {limit:,}")
+        params = self.approx_params()
+        if params > MAX_PARAMS:
+            raise ConfigError(f"this model would have about {params:.3g} parameters ({params * 2 / 1e12:.3g} TB in "
+                              f"bf16), more than groundup builds ({MAX_PARAMS:.0e}); check d_model, n_layers, "
+                              "d_ff, n_experts and vocab_size", key="n_layers")
         if self.n_kv_heads is not None and not 1 <= self.n_kv_heads <= self.n_heads:
             fail("n_kv_heads", self.n_kv_heads, f"between 1 and n_heads ({self.n_heads})")
         if self.n_heads % self.kv_heads:

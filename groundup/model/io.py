@@ -21,6 +21,7 @@ from groundup.errors import CheckpointError
 from groundup.io import atomic_open
 from groundup.layout import MODEL_CONFIG_FILE, WEIGHTS_FILE
 from groundup.model.config import ModelConfig
+from groundup.model.sizing import check_fits
 from groundup.model.transformer import Transformer
 
 
@@ -78,5 +79,6 @@ def load_model(model_dir: str | Path, device: str | torch.device = "cpu",
                dtype: torch.dtype | None = None) -> Transformer:
     model_dir = Path(model_dir)
     cfg = load_model_config(model_dir)
+    check_fits(cfg, device, torch.finfo(dtype).bits // 8 if dtype is not None else 4, "its weights")
     state = load_state(model_dir / WEIGHTS_FILE, device)
     return build_from_state(cfg, state, device, dtype, source=str(model_dir / WEIGHTS_FILE))

@@ -12,6 +12,8 @@ products (12 * L * H * Q * T when d_qk = d_v = Q, as in PaLM's appendix B).
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from groundup.model.config import ModelConfig
@@ -87,3 +89,27 @@ def model_summary(cfg: ModelConfig) -> dict:
         "kv_bytes_per_token_mha_equivalent": mha_kv_bytes_per_token(cfg),
         "context": cfg.max_seq_len,
     }
+
+
+def machine_memory(device: torch.device | str = "cpu") -> int:
+    """Total memory of the device in bytes: the GPU's, or the machine's RAM."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[1]
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 1 << 62  # unknown: do not refuse
+
+
+def check_fits(cfg: ModelConfig, device: torch.device | str, bytes_per_param: float, what: str,
+               shards: int = 1) -> None:
+    """Refuse, before allocating, a model whose `what` needs more than the device has in total."""
+    from groundup.errors import ConfigError
+
+    need = cfg.approx_params() * bytes_per_param / max(1, shards)
+    have = machine_memory(device)
+    if need > have:
+        raise ConfigError(f"{cfg.name}: about {cfg.approx_params():.3g} parameters need {need / 2**30:,.1f} GiB for "
+                          f"{what} on {device}, which has {have / 2**30:,.1f} GiB in all; choose a smaller model "
+                          "or shard it (distributed.strategy = 'fsdp')", key="model")

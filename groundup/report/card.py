@@ -16,7 +16,7 @@ import platform
 import time
 from pathlib import Path
 
-from groundup.errors import CheckpointError
+from groundup.errors import CheckpointError, DataError
 from groundup.io import atomic_write_text
 from groundup.layout import (METRICS_FILE, SUMMARY_FILE, TOKENIZER_DIR, TOKENIZER_META_FILE, is_model_dir, is_run_dir,
                              resolve_model_dir)
@@ -43,11 +43,23 @@ def _run_dir(root: Path) -> Path | None:
     return None
 
 
-def write_report(root: str | Path, title: str | None = None) -> Path:
-    """Write ROOT/report.md and ROOT/plots/*.png; returns the report's path."""
+MARKER = "<!-- written by groundup report -->"  # a report.md without it belongs to someone else
+
+
+def write_report(root: str | Path, title: str | None = None, overwrite: bool = False) -> Path:
+    """Write ROOT/report.md and ROOT/plots/*.png for a demo or training run directory; returns the path.
+
+    Any other directory is refused, and so is a report.md this function did not write (a curation
+    report, a user's notes) unless `overwrite`."""
     root = Path(root)
     run = _run_dir(root)
-    parts = [f"# {title or 'groundup report'}: {root.name}", "",
+    if run is None and not (root / "stages.json").is_file():
+        raise DataError(f"{root}: neither a training run (metrics.jsonl, checkpoints/) nor a demo directory: "
+                        "nothing to report")
+    path = root / REPORT_FILE
+    if path.exists() and not overwrite and not _ours(path):
+        raise DataError(f"{path} exists and was not written by 'groundup report'; move it away or pass --overwrite")
+    parts = [MARKER, f"# {title or 'groundup report'}: {root.name}", "",
              f"Written {time.strftime('%Y-%m-%d %H:%M')} on {platform.machine()} "
              f"({platform.processor() or platform.system()}), Python {platform.python_version()}.", ""]
     stages = _load(root / "stages.json")
@@ -79,6 +91,13 @@ def write_report(root: str | Path, title: str | None = None) -> Path:
     samples = _load(root / "samples.json")
     if samples:
         parts += samples_section(samples)
-    path = root / REPORT_FILE
     atomic_write_text(path, "\n".join(parts).rstrip() + "\n")
     return path
+
+
+def _ours(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.readline().strip() == MARKER.encode()
+    except OSError:
+        return False

@@ -5,33 +5,54 @@ gradient norm and throughput. Rendered with matplotlib's file-only Agg backend (
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 
+_NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}  # how metrics.jsonl writes them
+
+
+def _number(value):
+    """A metric value as a float (NaN and infinity come back from their string form), else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    return _NON_FINITE.get(value) if isinstance(value, str) else None
+
+
 def read_metrics(path: str | Path) -> tuple[list[dict], list[dict], list[dict]]:
-    """(train steps, evaluations, events) from a metrics.jsonl; unreadable lines are skipped."""
+    """(train steps, evaluations, events) from a metrics.jsonl; unreadable lines are skipped.
+
+    A run that diverged logs NaN or infinity: those come back as floats (the report shows them, the
+    plots leave them out), and a line with invalid bytes is skipped rather than ending the report."""
     train, evals, events = [], [], []
     path = Path(path)
     if not path.is_file():
         return train, evals, events
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in path.read_bytes().split(b"\n"):
         try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
+            row = json.loads(line.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError, RecursionError):
             continue  # a run killed mid-write leaves at most one partial last line
         if not isinstance(row, dict):
             continue
+        row = {k: _NON_FINITE.get(v, v) if isinstance(v, str) else v for k, v in row.items()}
+        if not isinstance(row.get("step", 0), int) or not isinstance(row.get("tokens", 0), int):
+            continue  # not a line groundup wrote
         if "event" in row:
             events.append(row)
-        elif "val_loss" in row:
+        elif _number(row.get("val_loss")) is not None:
             evals.append(row)
-        elif "loss" in row:
+        elif _number(row.get("loss")) is not None:
             train.append(row)
     return train, evals, events
 
 
 def _series(rows: list[dict], x: str, y: str) -> tuple[list, list]:
-    pairs = [(r[x], r[y]) for r in rows if r.get(x) is not None and r.get(y) is not None]
+    """The finite (x, y) points of two metrics (NaN, infinity and non-numbers are left out of plots)."""
+    pairs = [(_number(r.get(x)), _number(r.get(y))) for r in rows]
+    pairs = [(a, b) for a, b in pairs if a is not None and b is not None and math.isfinite(a) and math.isfinite(b)]
     return [p[0] for p in pairs], [p[1] for p in pairs]
 
 

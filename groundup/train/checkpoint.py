@@ -18,6 +18,7 @@ corrupted checkpoint is found at resume and the previous complete one is used in
 from __future__ import annotations
 
 import os
+import pickle
 import shutil
 import time
 from pathlib import Path
@@ -56,13 +57,26 @@ def save_checkpoint(run_dir: Path, step: int, cfg, model_state: dict, optimizer_
     return final
 
 
+def load_plain_pickle(path: Path):
+    """`torch.load(weights_only=True)`: tensors and plain values only, so loading can never run code.
+
+    A file that holds anything else is refused, and the message says why instead of passing on
+    torch's advice to retry with weights_only=False (exactly what must not be done with a file
+    someone else made)."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise CheckpointError(f"{path}: refused: it holds Python objects that unpickling would execute, and "
+                              "groundup only loads tensors and plain values (a checkpoint groundup wrote never holds "
+                              "anything else; this file was altered or made elsewhere)") from None
+    except Exception as e:  # noqa: BLE001 - name the file, whatever torch raised
+        raise CheckpointError(f"{path}: cannot load ({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
+
+
 def load_checkpoint(step_dir: Path) -> dict:
     """Everything a checkpoint holds, loaded without running code from it."""
     def pt(name: str):
-        try:
-            return torch.load(step_dir / name, map_location="cpu", weights_only=True)
-        except Exception as e:  # noqa: BLE001 - name the file, whatever torch raised
-            raise CheckpointError(f"{step_dir / name}: cannot load ({e})") from None
+        return load_plain_pickle(step_dir / name)
 
     return {"meta": read_checkpoint_meta(step_dir), "model": load_state(step_dir / WEIGHTS_FILE),
             "optimizer": pt("optimizer.pt"), "loader": pt("loader.pt")["ranks"], "trainer": pt("trainer.pt")}

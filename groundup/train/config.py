@@ -8,6 +8,7 @@ run of 5 steps is a cheap throughput probe, and the learning-rate schedule scale
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -38,6 +39,8 @@ class LoopConfig:
                 fail(key, getattr(self, key), "a positive integer")
         if self.threads < 0:
             fail("threads", self.threads, "0 (torch's default) or a positive count")
+        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):
+            fail("device", self.device, "auto, cpu, cuda or cuda:N")
 
 
 @dataclass
@@ -134,6 +137,7 @@ class StabilityConfig:
     max_repeat_fraction: float = 0.15  # drop a sequence whose repeated n-grams exceed this share; 1 = off
     rollback_after: int = 5  # consecutive skipped steps that trigger a rollback; 0 = never
     rollback_lr_factor: float = 0.5  # learning rate multiplier applied at each rollback
+    max_rollbacks: int = 5  # after this many rollbacks the run stops with a message (it is diverging)
 
     def validate(self) -> None:
         if self.spike_factor < 0 or 0 < self.spike_factor <= 1:
@@ -147,6 +151,8 @@ class StabilityConfig:
             fail("rollback_after", self.rollback_after, "an integer >= 0")
         if not 0 < self.rollback_lr_factor <= 1:
             fail("rollback_lr_factor", self.rollback_lr_factor, "a number in (0, 1]")
+        if self.max_rollbacks < 1:
+            fail("max_rollbacks", self.max_rollbacks, "a positive integer")
 
 
 @dataclass

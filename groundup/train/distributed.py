@@ -83,7 +83,12 @@ class Dist:
 def pick_device(name: str, local_rank: int) -> torch.device:
     if name == "auto":
         return torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
-    device = torch.device(name)
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError):
+        raise ConfigError(f"train.device = {name!r}: expected auto, cpu, cuda or cuda:N", key="train.device") from None
+    if device.type not in ("cpu", "cuda"):
+        raise ConfigError(f"train.device = {name!r}: training runs on cpu or cuda (auto picks)", key="train.device")
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise ConfigError(f"train.device = {name!r}, but torch sees no CUDA device", key="train.device")

@@ -22,7 +22,7 @@ from typing import Iterator
 import torch
 
 from groundup.config import from_dict
-from groundup.errors import CheckpointError
+from groundup.errors import CheckpointError, TrainingError
 from groundup.io import atomic_write_json
 from groundup.layout import SUMMARY_FILE, checkpoint_problem, find_intact_checkpoint, list_checkpoints
 from groundup.model.sizing import flops_per_token
@@ -120,9 +120,24 @@ def _evaluate(state: TrainState, log: MetricsLog) -> dict:
     return record
 
 
-def _roll_back(state: TrainState, log: MetricsLog, reason: str) -> None:
-    """Back to the newest intact checkpoint saved before the bad streak, with a lower rate."""
+def _diverged(state: TrainState, log: MetricsLog, why: str) -> None:
+    rollbacks = [e["step"] for e in state.guard.history]
+    log.write({"event": "diverged", "step": state.step, "reason": why, "rollbacks_at": rollbacks,
+               "lr_factor": state.schedule.lr_factor})
+    raise TrainingError(f"training diverged at step {state.step}: {why}. Rollbacks at steps {rollbacks or 'none'} "
+                        f"lowered the learning rate to x{state.schedule.lr_factor:g} of the schedule without "
+                        f"recovering; lower schedule.peak_lr (now {state.cfg.schedule.peak_lr:g}) and start again "
+                        f"from a checkpoint before the trouble (the run directory keeps them and metrics.jsonl)")
+
+
+def _roll_back(state: TrainState, log: MetricsLog, reason: str, broken: bool) -> None:
+    """Back to the newest intact checkpoint saved before the bad streak, with a lower rate.
+
+    A run that keeps diverging stops after `stability.max_rollbacks` rollbacks (or at once when its
+    weights are no longer finite and no checkpoint precedes the trouble), with what was tried."""
     d, cfg = state.dist, state.cfg
+    if state.guard.rollbacks >= cfg.stability.max_rollbacks:
+        _diverged(state, log, f"{reason} after {state.guard.rollbacks} rollbacks (stability.max_rollbacks)")
     start = state.guard.streak_start
     target = None
     if d.is_main:
@@ -138,9 +153,11 @@ def _roll_back(state: TrainState, log: MetricsLog, reason: str) -> None:
         state.schedule.lr_factor = lr_factor * factor
         event["to_step"] = state.step
     else:
+        if broken:
+            _diverged(state, log, f"{reason}, and no intact checkpoint precedes step {start}")
         state.schedule.lr_factor *= factor
         event["to_step"] = None  # no checkpoint before the streak: continue with a lower rate
-    state.guard.rolled_back()
+    state.guard.rolled_back(event["step"])
     event["lr_factor"] = state.schedule.lr_factor
     log.write(event)
     log.note(f"rollback after {cfg.stability.rollback_after} bad steps: to step {event['to_step']}, "
@@ -197,8 +214,8 @@ def _loop(state: TrainState, log: MetricsLog, stop: dict, began: float) -> dict:
                       "grad_norm_clipped": r.grad_norm_clipped, "tokens_per_sec": rate, "mfu": rate * fpt / peak,
                       "elapsed_s": state.elapsed, "skipped": state.guard.skipped, "gated": state.gated})
             interval_time, interval_tokens = 0.0, 0
-        if r.skipped and state.guard.should_roll_back():
-            _roll_back(state, log, r.skipped)
+        if r.broken or (r.skipped and state.guard.should_roll_back()):
+            _roll_back(state, log, r.skipped, r.broken)
             continue
         done = state.step == cfg.train.max_steps
         if (cfg.eval.every and state.step % cfg.eval.every == 0 and not done) or (done and cfg.eval.at_end):

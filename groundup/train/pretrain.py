@@ -11,9 +11,12 @@ directory's first files); the loop, the step and checkpoints are the shared trai
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 
+from groundup.io import writer_lock
+from groundup.layout import LOCK_FILE
 from groundup.tokens.loader import TokenLoader
 from groundup.train.config import TrainConfig
 from groundup.train.loop import run, training_session
@@ -26,7 +29,8 @@ def train(cfg: TrainConfig, out_dir: str | Path, resume: bool = False) -> dict:
     """Train per `cfg` into `out_dir`; returns the summary (also written to RUN/summary.json)."""
     began = time.time()
     out = Path(out_dir)
-    with training_session(cfg) as (d, stop):
+    with training_session(cfg) as (d, stop), writer_lock(out, LOCK_FILE, create=not resume) if d.is_main \
+            else contextlib.nullcontext():
         cfg, tok, changes, tok_dir = prepare(cfg, out, resume, d.is_main)
         d.barrier()  # every process has checked the directory before the main one writes into it
         if d.is_main:

@@ -68,6 +68,7 @@ class SpikeGuard:
         self.streak_start = -1  # first step of the current streak
         self.skipped = 0
         self.rollbacks = 0
+        self.history: list[dict] = []  # one entry per rollback: the step it happened at
 
     def judge(self, step: int, loss: float, grad_norm: float) -> str | None:
         """None to apply the update, else why the step is skipped. Call once per step."""
@@ -90,16 +91,24 @@ class SpikeGuard:
         self.skipped += 1
         return reason
 
+    def record_broken(self, step: int) -> None:
+        """An update left non-finite weights: the step counts as skipped and a rollback must follow."""
+        if self.bad_streak == 0:
+            self.streak_start = step
+        self.bad_streak += 1
+        self.skipped += 1
+
     def should_roll_back(self) -> bool:
         return bool(self.cfg.rollback_after) and self.bad_streak >= self.cfg.rollback_after
 
-    def rolled_back(self) -> None:
+    def rolled_back(self, step: int) -> None:
         self.bad_streak = 0
         self.rollbacks += 1
+        self.history.append({"step": step})
 
     def state_dict(self) -> dict:
         return {"norms": list(self.norms), "bad_streak": self.bad_streak, "streak_start": self.streak_start,
-                "skipped": self.skipped, "rollbacks": self.rollbacks}
+                "skipped": self.skipped, "rollbacks": self.rollbacks, "history": list(self.history)}
 
     def load_state_dict(self, state: dict) -> None:
         self.norms = deque((float(x) for x in state["norms"]), maxlen=self.cfg.spike_window)
@@ -107,3 +116,4 @@ class SpikeGuard:
         self.streak_start = int(state["streak_start"])
         self.skipped = int(state["skipped"])
         self.rollbacks = int(state["rollbacks"])
+        self.history = [dict(h) for h in state.get("history", [])]

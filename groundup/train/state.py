@@ -19,6 +19,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from groundup.model.sizing import check_fits
 from groundup.model.transformer import Transformer
 from groundup.train import checkpoint as ckpt
 from groundup.train.distributed import (Dist, full_model_state, full_optimizer_state, load_model_state,
@@ -69,6 +70,10 @@ def build_state(cfg, dist: Dist, objective: Objective, loader, *, tokenizer=None
     between processes. Only parameters that require gradients get optimizer state.
     """
     d = dist
+    fsdp = d.strategy == "fsdp"
+    # fp32 weights, gradients and two optimizer moments (+ bf16 compute weights and gradients).
+    check_fits(cfg.model, d.device, 16 + (4 if cfg.precision.mode == "bf16-weights" else 0),
+               "weights, gradients and optimizer state", shards=d.world_size if fsdp else 1)
     torch.manual_seed(cfg.train.seed)  # the same initial weights on every process
     meta = d.strategy == "fsdp" and cfg.distributed.meta_init and model is None
     if model is None:
@@ -100,6 +105,18 @@ def build_state(cfg, dist: Dist, objective: Objective, loader, *, tokenizer=None
     return state
 
 
+def weights_finite(state: TrainState) -> bool:
+    """True when every trainable weight is finite on every process (FSDP: each checks its shards)."""
+    bad = 0.0
+    with torch.no_grad():
+        for p in state.precision.master.parameters():
+            local = p.to_local() if hasattr(p, "to_local") else p
+            if p.requires_grad and not bool(torch.isfinite(local).all()):
+                bad = 1.0
+                break
+    return state.dist.sum([bad])[0] == 0
+
+
 def _rng_state(d: Dist) -> dict:
     rng = {"cpu": torch.get_rng_state()}
     if d.device.type == "cuda":
@@ -110,6 +127,9 @@ def _rng_state(d: Dist) -> dict:
 def save_state(state: TrainState, metrics_offset: int, note: Callable[[str], None] = print) -> Path | None:
     """Checkpoint the current step (every process takes part; the main one writes); returns its directory."""
     d, cfg = state.dist, state.cfg
+    if not weights_finite(state):  # a checkpoint must never hold what a rollback could not use
+        note(f"step {state.step}: weights are not finite; no checkpoint saved")
+        return None
     owner = state.state_owner
     model_state = full_model_state(owner, d)
     optim_state = full_optimizer_state(owner, state.optimizers, d)

@@ -19,7 +19,7 @@ import torch
 
 from groundup.train.distributed import grad_sync, total_norm
 from groundup.train.objective import batch_tokens
-from groundup.train.state import TrainState
+from groundup.train.state import TrainState, weights_finite
 
 
 @dataclass
@@ -30,6 +30,7 @@ class StepResult:
     grad_norm: float  # before clipping
     grad_norm_clipped: float
     skipped: str | None  # why the update was skipped, or None
+    broken: bool  # the update left non-finite weights: only a rollback can continue
     gated: int  # sequences the data gate dropped, all processes
     stop: bool  # some process received SIGINT/SIGTERM
     tokens: int  # tokens the step consumed, all processes
@@ -77,6 +78,7 @@ def train_step(state: TrainState, stop_requested: bool = False) -> StepResult:
     params = [p for p in precision.master.parameters() if p.grad is not None]
     norm = total_norm([p.grad for p in params])
     skipped = "every sequence was dropped by the data gate" if not n_total else state.guard.judge(state.step, loss, norm)
+    broken = False
     clip = cfg.optim.grad_clip
     coef = min(1.0, clip / (norm + 1e-6)) if clip and skipped is None else 1.0
     if skipped is None:
@@ -87,11 +89,15 @@ def train_step(state: TrainState, stop_requested: bool = False) -> StepResult:
             opt.step()
         _update_moe(state)
         precision.master_to_compute()
+        broken = not weights_finite(state)
+        if broken:  # e.g. a learning rate far too high: finite gradients, an update that overflows
+            skipped = "the update made weights non-finite"
+            state.guard.record_broken(state.step)
     else:
         for moe in state.compute_moe:
             moe.load.zero_()  # a skipped step's routing does not count toward balancing
     precision.zero_grad()
-    return StepResult(lr, loss, metrics, norm, norm * coef, skipped, int(n_gated), bool(stop), int(tokens),
+    return StepResult(lr, loss, metrics, norm, norm * coef, skipped, broken, int(n_gated), bool(stop), int(tokens),
                       [getattr(b, "docs", []) for b in micro], gated_rows)
 
 
