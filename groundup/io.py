@@ -140,7 +140,7 @@ def read_text(path: str | Path, error: type[Exception] = DataError) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
         line = data[: e.start].count(b"\n") + 1
-        raise error(f"{path}:{line}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})") from None
+        raise error(f"{path}: not UTF-8 text (line {line}: byte 0x{data[e.start]:02x} at offset {e.start})") from None
 
 
 def read_json(path: str | Path, expect: type | tuple[type, ...] | None = None,
@@ -149,21 +149,30 @@ def read_json(path: str | Path, expect: type | tuple[type, ...] | None = None,
 
     Every way a file can be bad (missing, not UTF-8, invalid JSON, an integer too long to convert,
     nesting too deep, the wrong shape) is `error` naming the file and the reason, never a traceback."""
-    path = Path(path)
-    text = read_text(path, error)
+    return parse_json(read_text(path, error), path, expect, error)
+
+
+def parse_json(text: str, where: str | Path, expect: type | tuple[type, ...] | None = None,
+               error: type[Exception] = DataError) -> Any:
+    """`read_json` for text already read; `where` names its origin in every message."""
     try:
         value = json.loads(text)
     except json.JSONDecodeError as e:
-        raise error(f"{path}:{e.lineno}: invalid JSON: {e.msg}") from None
+        raise error(f"{where}:{e.lineno}: invalid JSON: {e.msg}") from None
     except RecursionError:
-        raise error(f"{path}: invalid JSON: nested too deeply") from None
+        raise error(f"{where}: invalid JSON: nested too deeply") from None
     except ValueError as e:  # e.g. an integer of more than 4,300 digits
-        raise error(f"{path}: invalid JSON: {str(e).split(';')[0]}") from None
+        raise error(f"{where}: invalid JSON: {str(e).split(';')[0]}") from None
     if expect is not None and not isinstance(value, expect):
         names = " or ".join(t.__name__ for t in (expect if isinstance(expect, tuple) else (expect,)))
-        kinds = {"dict": "an object", "list": "a list", "str": "a string"}
-        raise error(f"{path}: expected {kinds.get(names, names)} at the top level, got {type(value).__name__}")
+        kinds = {"dict": "a JSON object", "list": "a JSON list", "str": "a JSON string"}
+        raise error(f"{where}: expected {kinds.get(names, names)}, got {_kind(value)}")
     return value
+
+
+def _kind(value: Any) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}.get(
+        type(value), f"a {type(value).__name__}")
 
 
 def open_compressed(path: str | Path) -> IO[bytes]:

@@ -8,6 +8,8 @@
         tokenizer.json              Hugging Face `tokenizers` format
         groundup_tokenizer.json     groundup's own backend: special-token roles, chat template, hash
         tokenizer_config.json       a Hugging Face tokenizer's special tokens and chat template
+    ADAPTER/                        a LoRA adapter (peft reads it; see interop/peft_format.py)
+        adapter_config.json, adapter_model.safetensors, groundup_adapter.json
     RUN/                            a training run (pretraining or any post-training verb)
         config.toml                 the fully resolved config
         metrics.jsonl               one JSON object per logged step or event
@@ -42,12 +44,18 @@ TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_META_FILE = "groundup_tokenizer.json"
 HF_TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 HF_SPECIAL_TOKENS_FILE = "special_tokens_map.json"
+HF_CHAT_TEMPLATE_FILE = "chat_template.jinja"  # newer Hugging Face tokenizers keep the template here
 
 # Hugging Face model directory (what `export hf` writes and `import hf` reads)
 HF_CONFIG_FILE = "config.json"
 HF_GENERATION_CONFIG_FILE = "generation_config.json"
 HF_WEIGHTS_FILE = "model.safetensors"
 HF_WEIGHTS_INDEX_FILE = "model.safetensors.index.json"
+
+# Adapter directory (LoRA; peft's layout, plus groundup's own metadata)
+ADAPTER_CONFIG_FILE = "adapter_config.json"
+ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"
+ADAPTER_META_FILE = "groundup_adapter.json"
 
 # Run directory
 RUN_CONFIG_FILE = "config.toml"

@@ -253,3 +253,69 @@ def test_cli_train_and_stats(tmp_path, capsys):
     empty.write_text("")
     assert main(["tokenizer", "train", "--input", str(empty), "--out", str(out), "--quiet"]) == 2
     assert "no records found" in capsys.readouterr().err
+
+
+def test_the_shared_interface_on_groundup_backend(tok):
+    from groundup.tokenizer import BaseTokenizer
+
+    assert isinstance(tok, BaseTokenizer) and tok.backend == "groundup"
+    assert tok.eos_id == tok.eot_id and tok.prefix_ids == [tok.eot_id]
+    assert tok.special_token_ids == frozenset(range(SMALL_VOCAB - len(SPECIAL_TOKENS), SMALL_VOCAB))
+    assert tok.is_special(tok.user_id) and not tok.is_special(65)
+    assert tok.stop_ids == {tok.eot_id, tok.end_of_turn_id}
+    assert tok.id_to_bytes(tok.user_id) == b"<|user|>" and tok.id_to_bytes(65) == b"A"
+    assert tok.decode_bytes([tok.user_id, 104, 105], skip_special_tokens=True) == b"hi"
+
+
+def test_tokenizer_json_puts_end_of_text_before_a_text(tok, tmp_path_factory):
+    from tokenizers import Tokenizer as HFTokenizer
+
+    hf = HFTokenizer.from_file(str(trained_tokenizer_dir(tmp_path_factory) / TOKENIZER_FILE))
+    text = "To be, or not to be"
+    assert hf.encode(text).ids == [tok.eot_id] + tok.encode(text)  # the library's default adds the prefix
+    assert hf.encode(text, add_special_tokens=False).ids == tok.encode(text)
+    assert hf.encode(text, "and more").ids == [tok.eot_id] + tok.encode(text) + [tok.eot_id] + tok.encode("and more")
+
+
+def test_a_post_processor_groundup_does_not_write_is_refused(tok, tmp_path):
+    tok.save(tmp_path / "t")
+    data = json.loads((tmp_path / "t" / TOKENIZER_FILE).read_text())
+    template = data["post_processor"]["processors"][1]
+    template["single"][0]["SpecialToken"]["id"] = "<|user|>"
+    (tmp_path / "t" / TOKENIZER_FILE).write_text(json.dumps(data))
+    with pytest.raises(DataError, match=r"post-processor puts <\|user\|> before a text"):
+        Tokenizer.load(tmp_path / "t")
+    data["post_processor"] = {"type": "RobertaProcessing"}
+    (tmp_path / "t" / TOKENIZER_FILE).write_text(json.dumps(data))
+    with pytest.raises(DataError, match="post_processor 'RobertaProcessing' is not one groundup writes"):
+        Tokenizer.load(tmp_path / "t")
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda d: [d], "expected a JSON object, got a list"),
+    (lambda d: {**d, "model": {**d["model"], "merges": "a b"}}, "model.merges: expected a list, got a string"),
+    (lambda d: {**d, "model": {**d["model"], "vocab": {**d["model"]["vocab"], "!": -3}}},
+     "token '!' has id -3, outside"),
+    (lambda d: {**d, "pre_tokenizer": {"type": "Sequence", "pretokenizers": [["Split"], 2]}},
+     "expected pre_tokenizer Sequence"),
+    (lambda d: {**d, "added_tokens": {"0": "<s>"}}, "added_tokens: expected a list, got an object"),
+])
+def test_malformed_groundup_files_are_data_errors(tok, tmp_path, change, message):
+    tok.save(tmp_path / "t")
+    data = json.loads((tmp_path / "t" / TOKENIZER_FILE).read_text())
+    (tmp_path / "t" / TOKENIZER_FILE).write_text(json.dumps(change(data)))
+    with pytest.raises(DataError, match=message):
+        Tokenizer.load(tmp_path / "t")
+
+
+def test_malformed_groundup_metadata_is_a_data_error(tok, tmp_path):
+    tok.save(tmp_path / "t")
+    (tmp_path / "t" / META_FILE).write_text("[1, 2]")
+    with pytest.raises(DataError, match="groundup_tokenizer.json: expected a JSON object, got a list"):
+        Tokenizer.load(tmp_path / "t")
+    (tmp_path / "t" / META_FILE).write_text('{"special_tokens": ["<|a|>"]}')
+    with pytest.raises(DataError, match="special_tokens: expected an object with the roles"):
+        Tokenizer.load(tmp_path / "t")
+    (tmp_path / "t" / TOKENIZER_FILE).write_bytes(b"\xff\xfe{}")
+    with pytest.raises(DataError, match="tokenizer.json: not UTF-8 text"):
+        Tokenizer.load(tmp_path / "t")

@@ -1,4 +1,9 @@
-"""`groundup data sample`: write the embedded corpus as JSONL, one file per source."""
+"""`groundup data sample`: write the embedded corpus as JSONL, one file per source.
+
+    groundup data sample --out raw/                       # shakespeare.jsonl, python-stdlib.jsonl, math-synthetic.jsonl
+    groundup data sample --chat --out chat/ --domains math code text
+        # chat-math.jsonl + chat-math.heldout.jsonl, ... in TRL's conversational format (`messages`)
+"""
 
 from __future__ import annotations
 
@@ -19,6 +24,8 @@ def sample_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--limit", type=int, default=None, help="at most this many records per source")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--overwrite", action="store_true", help="replace <source>.jsonl files already in --out")
+    p.add_argument("--chat", action="store_true", help="conversations for fine-tuning instead (math, code, text), "
+                   "each source split into <source>.jsonl and <source>.heldout.jsonl")
 
 
 def sample(args: argparse.Namespace) -> None:
@@ -29,7 +36,15 @@ def sample(args: argparse.Namespace) -> None:
         if value is not None and value < least:
             raise ConfigError(f"{flag} {value}: expected an integer >= {least}", key=flag)
     out = ensure_writable_dir(args.out)
-    sources = {"text": "shakespeare", "code": "python-stdlib", "math": "math-synthetic"}
+    if args.chat:
+        from groundup.corpus.chat import iter_chat
+
+        sources = {"text": "chat-text", "code": "chat-code", "math": "chat-math"}
+        records = iter_chat(args.domains, math_count=args.math_count, seed=args.seed,
+                            **({"code_count": args.limit, "text_count": args.limit} if args.limit else {}))
+    else:
+        sources = {"text": "shakespeare", "code": "python-stdlib", "math": "math-synthetic"}
+        records = iter_corpus(args.domains, chunk_chars=args.chunk_chars, math_count=args.math_count, seed=args.seed)
     existing = [out / f"{sources.get(d, d)}.jsonl" for d in args.domains if (out / f"{sources.get(d, d)}.jsonl").exists()]
     if existing and not args.overwrite:
         raise DataError(f"{existing[0]} already exists: choose another --out or pass --overwrite")
@@ -37,15 +52,15 @@ def sample(args: argparse.Namespace) -> None:
     sizes: dict[str, int] = {}
     with contextlib.ExitStack() as stack:  # every file is renamed into place only if all succeed
         files = {}
-        for record in iter_corpus(args.domains, chunk_chars=args.chunk_chars, math_count=args.math_count,
-                                  seed=args.seed):
-            source = record["source"]
+        for record in records:
+            source = record["source"] + (".heldout" if record.get("split") == "heldout" else "")
             if args.limit is not None and counts.get(source, 0) >= args.limit:
                 continue
             if source not in files:
                 files[source] = stack.enter_context(atomic_open(out / f"{source}.jsonl", "w", encoding="utf-8"))
             files[source].write(json.dumps(record, ensure_ascii=False) + "\n")
             counts[source] = counts.get(source, 0) + 1
-            sizes[source] = sizes.get(source, 0) + len(record["text"].encode("utf-8"))
+            text = record["text"] if "text" in record else "".join(m["content"] for m in record["messages"])
+            sizes[source] = sizes.get(source, 0) + len(text.encode("utf-8"))
     for source in counts:
         print(f"{out / (source + '.jsonl')}: {counts[source]:,} records, {sizes[source] / 1e6:.1f} MB of text")

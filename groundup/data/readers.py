@@ -196,7 +196,8 @@ def _finish(record: dict, source: str, domain: str, rid: str) -> dict:
     return record
 
 
-def _iter_jsonl(path: Path, source: str, domain: str, stats: ReadStats, max_bytes: int) -> Iterator[dict]:
+def _iter_jsonl(path: Path, source: str, domain: str, stats: ReadStats, max_bytes: int,
+                require_text: bool = True) -> Iterator[dict]:
     with open_compressed(path) as f:
         for lineno, line in _read_lines(f, max_bytes):
             where = f"{path}:{lineno}"
@@ -218,16 +219,18 @@ def _iter_jsonl(path: Path, source: str, domain: str, stats: ReadStats, max_byte
             if not isinstance(record, dict):
                 stats.note("bad_json", f"{where}: expected a JSON object, got {type(record).__name__}")
                 continue
-            if not isinstance(record.get("text"), str):
+            if require_text and not isinstance(record.get("text"), str):
                 stats.note("no_text", f"{where}: no string 'text' field")
                 continue
             if not _check_fields(record, where, stats):
                 continue
             stats.bytes += len(line)
+            if not require_text:
+                record["_where"] = where  # structured records (chats, pairs) name their position in errors
             yield _finish(record, source, domain, f"{source}:{lineno}")
 
 
-def _iter_parquet(path: Path, source: str, domain: str, stats: ReadStats) -> Iterator[dict]:
+def _iter_parquet(path: Path, source: str, domain: str, stats: ReadStats, require_text: bool = True) -> Iterator[dict]:
     import pyarrow.parquet as pq
 
     try:
@@ -235,7 +238,7 @@ def _iter_parquet(path: Path, source: str, domain: str, stats: ReadStats) -> Ite
     except Exception as e:  # noqa: BLE001 - pyarrow raises several types for a bad file
         stats.note("unreadable_files", f"{path}: not a readable Parquet file ({e}), skipped")
         return
-    if "text" not in pf.schema_arrow.names:
+    if require_text and "text" not in pf.schema_arrow.names:
         stats.no_text += pf.metadata.num_rows
         if len(stats.no_text_examples) < MAX_PROBLEMS:
             stats.no_text_examples.append(f"{path}: no 'text' column ({pf.metadata.num_rows:,} rows skipped)")
@@ -244,12 +247,15 @@ def _iter_parquet(path: Path, source: str, domain: str, stats: ReadStats) -> Ite
     for batch in pf.iter_batches(batch_size=1024):
         for record in batch.to_pylist():
             row += 1
-            if not isinstance(record.get("text"), str):
+            if require_text and not isinstance(record.get("text"), str):
                 stats.note("no_text", f"{path}:row {row}: 'text' is empty or not a string")
                 continue
             if not _check_fields(record, f"{path}:row {row}", stats):
                 continue
-            stats.bytes += len(record["text"].encode("utf-8"))
+            if require_text:
+                stats.bytes += len(record["text"].encode("utf-8"))
+            else:
+                record["_where"] = f"{path}:row {row}"
             yield _finish(record, source, domain, f"{source}:{row}")
 
 
@@ -292,14 +298,16 @@ def _code_flags(rel: str) -> dict:
 
 
 def _iter_file(path: Path, rel: str, source: str, default_domain: str | None, stats: ReadStats,
-               max_bytes: int, in_directory: bool) -> Iterator[dict]:
+               max_bytes: int, in_directory: bool, require_text: bool = True) -> Iterator[dict]:
     suffix = _base_suffix(path)
     rid = f"{source}/{rel}" if in_directory else source
     stats.files += 1
     if suffix in JSONL_EXTENSIONS:  # records name their own source; else the file's name does
-        yield from _iter_jsonl(path, _source_name(path), default_domain or "text", stats, max_bytes)
+        yield from _iter_jsonl(path, _source_name(path), default_domain or "text", stats, max_bytes, require_text)
     elif suffix == ".parquet":
-        yield from _iter_parquet(path, _source_name(path), default_domain or "text", stats)
+        yield from _iter_parquet(path, _source_name(path), default_domain or "text", stats, require_text)
+    elif not require_text:  # structured records come only from JSONL and Parquet
+        stats.note("unsupported_files", f"{path}: structured records are read from .jsonl or .parquet only")
     elif suffix in CODE_EXTENSIONS:
         extra = {"language": CODE_EXTENSIONS[suffix], **_code_flags(rel)}
         yield from _iter_text_file(path, rid, source, "code", stats, max_bytes, extra)
@@ -332,8 +340,11 @@ def _source_name(path: Path) -> str:
 
 
 def iter_records(paths: Sequence[str | Path], stats: ReadStats | None = None, default_domain: str | None = None,
-                 max_record_bytes: int = 64 << 20) -> Iterator[dict]:
+                 max_record_bytes: int = 64 << 20, require_text: bool = True) -> Iterator[dict]:
     """Yield text records from files and directories (see the module docstring for the formats).
+
+    `require_text=False` reads structured records (chats, preference pairs) from JSONL and Parquet:
+    every JSON object is yielded, with `_where` = its "file:line" for the caller's messages.
 
     Raises DataError for a path that does not exist or, after reading everything, when no record
     was found; every other problem is counted in `stats` and skipped.
@@ -355,7 +366,8 @@ def iter_records(paths: Sequence[str | Path], stats: ReadStats | None = None, de
             files = iter([(p, p.name)])
         for path, rel in files:
             try:
-                for record in _iter_file(path, rel, source, default_domain, stats, max_record_bytes, p.is_dir()):
+                for record in _iter_file(path, rel, source, default_domain, stats, max_record_bytes, p.is_dir(),
+                                         require_text):
                     stats.records += 1
                     yield record
             except (OSError, EOFError, ValueError, zstandard.ZstdError) as e:  # truncated, corrupt (pyarrow's

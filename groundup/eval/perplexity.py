@@ -6,8 +6,10 @@
 
 Bits per byte = total cross-entropy (nats) / (ln 2 x UTF-8 bytes of the text predicted). Unlike
 loss per token it does not depend on the tokenizer, so models with different vocabularies compare.
-The bytes of each target come from `Tokenizer.token_bytes()` (special tokens count 0 bytes); over
-a whole domain they sum to the shard index's byte count, which is used when no tokenizer is at hand.
+The bytes of each target come from the tokenizer's `token_bytes()` (special tokens count 0 bytes;
+either backend); over a whole domain they sum to the shard index's byte count (exactly for byte-level
+tokenizers; a SentencePiece one also counts the space it prepends), which is used when no tokenizer
+is at hand.
 
 Every target of the split is scored exactly once (see `TokenLoader.eval_batches`), in windows of
 `seq_len` tokens that restart the context at each window (a standard, slightly pessimistic
@@ -30,13 +32,13 @@ from groundup.tokens.loader import IGNORE_INDEX, TokenLoader
 def _token_bytes(tokenizer, index: dict, shard_dir: Path) -> np.ndarray | None:
     """UTF-8 bytes per token id, from the given tokenizer or the one the shards' index names (if found)."""
     from groundup.errors import DataError
-    from groundup.tokenizer import Tokenizer
+    from groundup.tokenizer import load_tokenizer
 
     if tokenizer is None:
         named = index.get("tokenizer")
         for path in ([Path(named), shard_dir / named] if named else []):
             try:
-                found = Tokenizer.load(path)
+                found = load_tokenizer(path)
             except DataError:
                 continue
             if found.hash == index.get("tokenizer_hash"):
@@ -57,7 +59,7 @@ def evaluate(model: torch.nn.Module, shard_dir: str | Path, split: str = "val", 
     """Loss (nats per token) and bits per byte of `model` on `split` of a shard directory.
 
     Returns {"loss", "bpb", "tokens", "bytes", "domains": {name: {"loss", "bpb", "tokens", "bytes"}}}.
-    `model` may be wrapped (DDP, FSDP2; then every process must call this). `tokenizer`: a Tokenizer or
+    `model` may be wrapped (DDP, FSDP2; then every process must call this). `tokenizer`: either backend or
     its directory, checked against the shards' hash; `context()`: what forward runs under (autocast).
     """
     shard_dir = Path(shard_dir)
@@ -65,9 +67,9 @@ def evaluate(model: torch.nn.Module, shard_dir: str | Path, split: str = "val", 
     seq_len = seq_len or inner.cfg.max_seq_len
     device = next(inner.parameters()).device
     if isinstance(tokenizer, (str, Path)):
-        from groundup.tokenizer import Tokenizer
+        from groundup.tokenizer import load_tokenizer
 
-        tokenizer = Tokenizer.load(tokenizer)
+        tokenizer = load_tokenizer(tokenizer)
     loader = TokenLoader(shard_dir, split, seq_len, batch_size, rank=rank, world_size=world_size,
                          bos_aligned=bos_aligned, expected_tokenizer_hash=tokenizer.hash if tokenizer else None)
     token_bytes = _token_bytes(tokenizer, loader.index, shard_dir)

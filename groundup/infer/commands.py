@@ -80,7 +80,9 @@ def generate_arguments(p: argparse.ArgumentParser) -> None:
 def _read_prompts(args: argparse.Namespace) -> list[str]:
     prompts = list(args.prompt)
     if args.prompts_file is not None:
-        lines = read_text(args.prompts_file).splitlines()  # DataError: missing, a directory, not UTF-8
+        if not args.prompts_file.exists():
+            raise DataError(f"{args.prompts_file}: prompts file not found")
+        lines = read_text(args.prompts_file).splitlines()  # DataError: a directory, unreadable, not UTF-8
         blank = sum(1 for line in lines if not line.strip())
         prompts += [line for line in lines if line.strip()]
         if blank:

@@ -61,8 +61,8 @@ class Generator:
         if tokenizer.vocab_size > self.cfg.vocab_size:
             raise CheckpointError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model only "
                                   f"{self.cfg.vocab_size}: they were not trained together")
-        self.stop_ids = {tokenizer.eot_id, tokenizer.end_of_turn_id}
-        self.prompt_prefix = [tokenizer.eot_id]
+        self.stop_ids = set(tokenizer.stop_ids)
+        self.prompt_prefix = list(tokenizer.prefix_ids)  # what the tokenizer puts before a document
         self.static = StaticDecoder(model) if compile else None
 
     @classmethod
@@ -216,7 +216,8 @@ class Generator:
         longest = max(len(r) for r in rows)
         n_new = min(cfg.max_new_tokens, self.cfg.max_seq_len - longest)
         pad = [longest - len(r) for r in rows]
-        ids = torch.full((len(rows), longest), self.tokenizer.pad_id, dtype=torch.long)
+        filler = self.tokenizer.pad_id if self.tokenizer.pad_id is not None else self.tokenizer.eot_id  # masked anyway
+        ids = torch.full((len(rows), longest), filler, dtype=torch.long)
         for b, r in enumerate(rows):
             ids[b, pad[b]:] = torch.tensor(r, dtype=torch.long)
         ids = ids.to(self.device)

@@ -47,7 +47,7 @@ def load_for_inference(path: str | Path, device: str | torch.device = "cpu", dty
                        tokenizer: str | Path | None = None):
     """(model in eval mode, tokenizer) for a checkpoint path; see the module docstring."""
     from groundup.model.io import load_model
-    from groundup.tokenizer import Tokenizer
+    from groundup.tokenizer import load_tokenizer
 
     device, dtype = resolve_device(device), resolve_dtype(dtype)
     model_dir = resolve_model_dir(path)
@@ -56,7 +56,7 @@ def load_for_inference(path: str | Path, device: str | torch.device = "cpu", dty
         raise CheckpointError(f"{model_dir}: no tokenizer found beside the checkpoint (looked for "
                               f"{model_dir / TOKENIZER_DIR} and {model_dir.parent.parent / TOKENIZER_DIR}); "
                               "pass one with --tokenizer")
-    tok = Tokenizer.load(tok_dir)
+    tok = load_tokenizer(tok_dir)
     recorded = _recorded_tokenizer_hash(model_dir)
     if recorded and recorded != tok.hash:
         raise CheckpointError(f"{tok_dir}: tokenizer hash {tok.hash} differs from {recorded}, the one "

@@ -18,13 +18,12 @@ import codecs
 from typing import TYPE_CHECKING, Iterable
 
 if TYPE_CHECKING:
-    from groundup.tokenizer import Tokenizer
+    from groundup.tokenizer import BaseTokenizer
 
 
 class TextStream:
-    def __init__(self, tokenizer: "Tokenizer", stop_ids: Iterable[int] = (), stop_strings: Iterable[str] = ()):
+    def __init__(self, tokenizer: "BaseTokenizer", stop_ids: Iterable[int] = (), stop_strings: Iterable[str] = ()):
         self.tokenizer = tokenizer
-        self.n_text_tokens = len(tokenizer.tokens)  # ids from here on are special tokens
         self.stop_ids = set(stop_ids)
         self.stop_strings = [s for s in stop_strings if s]
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -42,7 +41,7 @@ class TextStream:
         if token_id in self.stop_ids:
             self._stop()
             return self._take(len(self.text))
-        if token_id >= self.n_text_tokens:  # other special tokens (a stray role marker) show nothing
+        if self.tokenizer.is_special(token_id):  # other special tokens (a stray role marker) show nothing
             return ""
         self.text += self._decoder.decode(self.tokenizer.id_to_bytes(token_id))
         return self._after_new_text()

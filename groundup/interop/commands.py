@@ -1,4 +1,7 @@
-"""`groundup export hf` and `groundup import hf`."""
+"""`groundup export hf`, `groundup import hf` and `groundup import gguf`.
+
+Each refuses an --out that exists and is not empty unless --overwrite is given (see out_dir).
+"""
 
 from __future__ import annotations
 
@@ -6,17 +9,20 @@ import argparse
 import sys
 from pathlib import Path
 
+OVERWRITE_HELP = "replace --out if it exists and is not empty (never the model being read)"
+
 
 def export_hf_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", required=True, help="a model directory or a training run directory")
     p.add_argument("--out", required=True, type=Path, help="the Hugging Face directory to write")
     p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: as stored)")
+    p.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
 
 
 def export_hf(args: argparse.Namespace) -> int:
     from groundup.interop.export import export_hf as run
 
-    arch = run(args.checkpoint, args.out, args.dtype)
+    arch = run(args.checkpoint, args.out, args.dtype, overwrite=args.overwrite)
     print(f"wrote {args.out} ({arch}); load it with transformers.AutoModelForCausalLM.from_pretrained("
           f"{str(args.out)!r}) and AutoTokenizer.from_pretrained(...)")
     return 0
@@ -26,13 +32,34 @@ def import_hf_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, type=Path, help="a local Hugging Face model directory")
     p.add_argument("--out", required=True, type=Path, help="the groundup model directory to write")
     p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: as stored)")
+    p.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
+
+
+def _report(out: Path, source: str, no_tokenizer: str | None) -> None:
+    print(f"wrote {out} from {source}")
+    if no_tokenizer:
+        print(f"note: no tokenizer copied ({no_tokenizer}); generate and chat need --tokenizer DIR", file=sys.stderr)
 
 
 def import_hf(args: argparse.Namespace) -> int:
     from groundup.interop.hf_import import import_hf as run
 
-    arch, no_tokenizer = run(args.model, args.out, args.dtype)
-    print(f"wrote {args.out} from a {arch} model")
-    if no_tokenizer:
-        print(f"note: no tokenizer copied ({no_tokenizer}); generate and chat need --tokenizer DIR", file=sys.stderr)
+    arch, no_tokenizer = run(args.model, args.out, args.dtype, overwrite=args.overwrite)
+    _report(args.out, f"a {arch} model", no_tokenizer)
+    return 0
+
+
+def import_gguf_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("file", type=Path, help="a llama.cpp GGUF file (architecture llama, qwen2 or qwen3)")
+    p.add_argument("--out", required=True, type=Path, help="the groundup model directory to write")
+    p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: float32, or float16 / "
+                   "bfloat16 when every matrix is stored so)")
+    p.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
+
+
+def import_gguf(args: argparse.Namespace) -> int:
+    from groundup.interop.gguf_import import import_gguf as run
+
+    arch, no_tokenizer = run(args.file, args.out, args.dtype, overwrite=args.overwrite)
+    _report(args.out, f"a GGUF {arch} model", no_tokenizer)
     return 0

@@ -2,6 +2,7 @@
 hf_import_config).
 
     Llama        pre-norm RMSNorm, RoPE (linear scaling too), MHA/GQA/MQA, SwiGLU or GeGLU, biases
+    Qwen2        Llama with biases on q, k and v only (qkv_bias), no sliding window
     Qwen3        Llama + QK-norm (no biases)
     Gemma 2      sandwich norms + embedding scaling (+ attention/final logit soft-capping)
     Gemma 3      Gemma 2 + QK-norm
@@ -25,8 +26,9 @@ from groundup.config import ConfigError
 from groundup.model.config import ModelConfig
 
 CLASSES = {
-    "llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM", "gemma2": "Gemma2ForCausalLM",
-    "gemma3_text": "Gemma3ForCausalLM", "mixtral": "MixtralForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
+    "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+    "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM", "mixtral": "MixtralForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
     "deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM",
 }
 ACTIVATIONS = {"swiglu": "silu", "geglu": "gelu_pytorch_tanh"}
@@ -61,9 +63,12 @@ def choose_architecture(cfg: ModelConfig, expert_bias_is_zero: bool = True) -> s
     if cfg.n_experts:
         return _gqa_moe(cfg, expert_bias_is_zero)
     if cfg.qk_norm:
-        if cfg.bias:
-            _refuse("bias", True, "Qwen3 (the QK-norm architecture) has no MLP biases")
+        if cfg.bias or cfg.qkv_bias:
+            key = "bias" if cfg.bias else "qkv_bias"
+            _refuse(key, True, "Qwen3 (the QK-norm architecture) has no biases")
         return "qwen3"
+    if cfg.qkv_bias and not cfg.bias:  # q, k, v biased, o and the MLP not: exactly Qwen2
+        return "qwen2"
     return "llama"
 
 
@@ -75,8 +80,8 @@ def _gemma(cfg: ModelConfig, sandwich: bool) -> str:
     if cfg.attention == "mla" or cfg.n_experts:
         _refuse("attention" if cfg.attention == "mla" else "n_experts", cfg.attention if cfg.attention == "mla"
                 else cfg.n_experts, "Gemma (sandwich norms) has neither MLA nor MoE")
-    if cfg.bias:
-        _refuse("bias", True, "Gemma's MLP has no biases")
+    if cfg.bias or cfg.qkv_bias:
+        _refuse("bias" if cfg.bias else "qkv_bias", True, "Gemma has no biases")
     return "gemma3_text" if cfg.qk_norm else "gemma2"
 
 
@@ -110,8 +115,8 @@ def _gqa_moe(cfg: ModelConfig, expert_bias_is_zero: bool) -> str:
     if cfg.n_shared_experts:
         _refuse("n_shared_experts", cfg.n_shared_experts, "with GQA only Qwen2-MoE has a shared expert, and it "
                 "gates it; ungated shared experts need attention = 'mla' (DeepSeek)")
-    if cfg.bias:
-        _refuse("bias", True, "Mixtral and Qwen3-MoE have no MLP biases")
+    if cfg.bias or cfg.qkv_bias:
+        _refuse("bias" if cfg.bias else "qkv_bias", True, "Mixtral and Qwen3-MoE have no biases")
     if cfg.qk_norm:
         return "qwen3_moe"
     if cfg.n_dense_layers or not cfg.moe_norm_topk:
@@ -140,14 +145,17 @@ def hf_config(arch: str, cfg: ModelConfig, special_ids: dict[str, int], dtype: s
         "max_position_embeddings": cfg.max_seq_len, "rms_norm_eps": cfg.norm_eps,
         "rope_theta": theta, "rope_scaling": scaling, "tie_word_embeddings": cfg.tie_embeddings,
         "attention_bias": cfg.bias, "attention_dropout": 0.0, "initializer_range": cfg.init_std,
-        "bos_token_id": special_ids["bos"], "eos_token_id": special_ids["eot"], "pad_token_id": special_ids["pad"],
+        "bos_token_id": special_ids.get("bos"), "eos_token_id": special_ids.get("eot"),
+        "pad_token_id": special_ids.get("pad"),
         "torch_dtype": dtype, "use_cache": True,
     }
     full_layers = ["full_attention"] * cfg.n_layers
     if arch == "llama":
         c["mlp_bias"] = cfg.bias
-    elif arch in ("qwen3", "qwen3_moe"):
+    elif arch in ("qwen2", "qwen3", "qwen3_moe"):
         c.update(use_sliding_window=False, sliding_window=None, max_window_layers=cfg.n_layers, layer_types=full_layers)
+        if arch == "qwen2":  # its q, k, v always carry biases and o never does: no switch to set
+            del c["attention_bias"]
     elif arch in ("gemma2", "gemma3_text"):
         c["hidden_activation"] = c.pop("hidden_act")
         c.update(query_pre_attn_scalar=cfg.attn_head_dim, sliding_window=cfg.max_seq_len, layer_types=full_layers,

@@ -3,8 +3,12 @@
 Reads config.json (see hf_import_config for what is accepted) and safetensors weights, one file or
 sharded with an index; `pytorch_model.bin` is refused, since unpickling it could run code. The
 result is OUT/model.safetensors + OUT/model.toml, ready for `groundup train` (continued
-pretraining), fine-tuning, `generate` and `export hf`; the tokenizer comes along as OUT/tokenizer
-when it is groundup's byte-level BPE format (an exported groundup model's always is).
+pretraining), fine-tuning, `generate`, `chat` and `export hf`. The tokenizer comes along as
+OUT/tokenizer: groundup's own format when the directory holds it (an exported groundup model's
+does), otherwise its Hugging Face tokenizer.json with tokenizer_config.json (special tokens, chat
+template), special_tokens_map.json and generation_config.json's eos ids. A tokenizer that cannot
+be read (or has more ids than the model embeds) does not stop the import: the model is written
+without it and the reason returned. An existing non-empty OUT is replaced only with `overwrite`.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from groundup.errors import CheckpointError, DataError
 from groundup.infer.loading import resolve_dtype
 from groundup.interop.hf_import_config import model_config_from_hf
 from groundup.interop.hf_weights import from_hf_state
+from groundup.interop.out_dir import check_out_dir
 from groundup.io import atomic_dir, read_json
 from groundup.layout import HF_CONFIG_FILE, HF_WEIGHTS_FILE, HF_WEIGHTS_INDEX_FILE, TOKENIZER_DIR
 
@@ -43,12 +48,14 @@ def read_hf_weights(hf_dir: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def import_hf(hf_dir: str | Path, out: str | Path, dtype: str | None = None) -> tuple[str, str | None]:
+def import_hf(hf_dir: str | Path, out: str | Path, dtype: str | None = None,
+              overwrite: bool = False) -> tuple[str, str | None]:
     """Write the groundup model directory; returns (architecture, why no tokenizer came along or None)."""
     from groundup.model.io import build_from_state, save_model
-    from groundup.tokenizer import Tokenizer
+    from groundup.tokenizer import load_tokenizer
 
     hf_dir = Path(hf_dir)
+    check_out_dir(out, overwrite, sources=[hf_dir])
     config_file = hf_dir / HF_CONFIG_FILE
     if not config_file.is_file():
         raise CheckpointError(f"{hf_dir}: not a Hugging Face model directory (no {HF_CONFIG_FILE})")
@@ -57,7 +64,7 @@ def import_hf(hf_dir: str | Path, out: str | Path, dtype: str | None = None) -> 
     model = build_from_state(cfg, state, dtype=resolve_dtype(dtype) if dtype else None, source=str(hf_dir))
     tok, no_tokenizer = None, None
     try:
-        tok = Tokenizer.load(hf_dir)
+        tok = load_tokenizer(hf_dir)
         if tok.vocab_size > cfg.vocab_size:
             tok, no_tokenizer = None, f"its {tok.vocab_size} tokens exceed the model's {cfg.vocab_size} embeddings"
     except DataError as e:

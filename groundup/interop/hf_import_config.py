@@ -40,12 +40,14 @@ def parse_hf_config(arch: str, c: dict, where: str) -> ModelConfig:
         f["head_dim"] = head_dim
     f.update(_rope(arch, c, refuse))
     _check_full_attention(arch, c, refuse)
-    bias = bool(c.get("attention_bias", False))
+    bias = bool(c.get("attention_bias", False)) and arch != "qwen2"  # Qwen2 has no switch: q, k, v always
     if arch == "llama" and bias != bool(c.get("mlp_bias", False)):
         refuse("mlp_bias", "groundup's `bias` puts biases on attention and MLP alike")
     if bias and arch != "llama":
         refuse("attention_bias", f"groundup's `bias` also biases the MLP, which {arch} does not")
     f["bias"] = bias
+    if arch == "qwen2":
+        f["qkv_bias"] = True
     if arch in ("qwen3", "qwen3_moe", "gemma3_text"):
         f["qk_norm"] = True
     if gemma:
@@ -83,7 +85,7 @@ def _check_full_attention(arch: str, c: dict, refuse) -> None:
     """groundup attends to the whole context: a window narrower than it is a different model."""
     window, context = c.get("sliding_window"), c.get("max_position_embeddings")
     windowed = window is not None and window < context
-    if arch in ("qwen3", "qwen3_moe"):
+    if arch in ("qwen2", "qwen3", "qwen3_moe"):
         windowed = windowed and bool(c.get("use_sliding_window"))
     if arch in ("gemma2", "gemma3_text"):
         # Gemma alternates local and global layers; without layer_types, its even layers are local.

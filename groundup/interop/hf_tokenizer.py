@@ -1,9 +1,15 @@
-"""The tokenizer files of a Hugging Face model directory, written from a groundup Tokenizer.
+"""The tokenizer files of a Hugging Face model directory, written from either tokenizer backend.
 
-`tokenizer.json` is the tokenizer itself (see groundup.tokenizer.hf_format); `tokenizer_config.json`
-and `special_tokens_map.json` name the special tokens and carry the chat template, which is what
-`AutoTokenizer` (transformers 4.x and 5.x) and `apply_chat_template` read. `groundup_tokenizer.json`
-rides along, so `groundup import hf` restores the tokenizer exactly.
+groundup's own: `tokenizer.json` is the tokenizer itself (see groundup.tokenizer.hf_format; its
+post-processor puts <|end_of_text|> before a text, as groundup does); `tokenizer_config.json` and
+`special_tokens_map.json` name the special tokens and carry the chat template, which is what
+`AutoTokenizer` (transformers 4.x and 5.x) and `apply_chat_template` read. They carry no
+add_bos_token/add_eos_token: transformers would then rebuild the post-processor from those flags
+and drop the end-of-text prefix. `groundup_tokenizer.json` rides along, so `groundup import hf`
+restores the tokenizer exactly.
+
+A Hugging Face tokenizer (a model imported with `import hf` or `import gguf`) goes back out as its
+own files: tokenizer.json, tokenizer_config.json and special_tokens_map.json as they were.
 """
 
 from __future__ import annotations
@@ -12,12 +18,15 @@ from pathlib import Path
 
 from groundup.io import atomic_write_json
 from groundup.layout import HF_SPECIAL_TOKENS_FILE, HF_TOKENIZER_CONFIG_FILE
-from groundup.tokenizer import Tokenizer
+from groundup.tokenizer import BaseTokenizer, Tokenizer
 
 EXTRA_ROLES = ("system", "user", "assistant", "end_of_turn")
 
 
-def write_tokenizer_files(tok: Tokenizer, out_dir: Path, model_max_length: int) -> None:
+def write_tokenizer_files(tok: BaseTokenizer, out_dir: Path, model_max_length: int) -> None:
+    if not isinstance(tok, Tokenizer):
+        tok.save(out_dir)
+        return
     tok.save(out_dir)  # tokenizer.json and groundup_tokenizer.json
     names = tok.special_names
     extra = [names[r] for r in EXTRA_ROLES]
@@ -28,6 +37,6 @@ def write_tokenizer_files(tok: Tokenizer, out_dir: Path, model_max_length: int) 
     atomic_write_json(out_dir / HF_TOKENIZER_CONFIG_FILE, {
         "tokenizer_class": "PreTrainedTokenizerFast", **named, "additional_special_tokens": extra,
         "added_tokens_decoder": added, "chat_template": tok.chat_template, "model_max_length": model_max_length,
-        "clean_up_tokenization_spaces": False, "add_bos_token": False, "add_eos_token": False,
+        "clean_up_tokenization_spaces": False,
     })
     atomic_write_json(out_dir / HF_SPECIAL_TOKENS_FILE, {**named, "additional_special_tokens": extra})

@@ -103,9 +103,10 @@ def _gqa(ours: str, hf: str, cfg: ModelConfig, bias: bool, norm) -> list[Rule]:
     sizes = [cfg.n_heads * d, cfg.kv_heads * d, cfg.kv_heads * d]
     out = [_split(a + "qkv_proj.weight", (h + "q_proj.weight", h + "k_proj.weight", h + "v_proj.weight"), sizes),
            Rule((a + "o_proj.weight",), (h + "o_proj.weight",))]
+    if bias or cfg.qkv_bias:  # Qwen2 biases q, k and v only
+        out.append(_split(a + "qkv_proj.bias", (h + "q_proj.bias", h + "k_proj.bias", h + "v_proj.bias"), sizes))
     if bias:
-        out += [_split(a + "qkv_proj.bias", (h + "q_proj.bias", h + "k_proj.bias", h + "v_proj.bias"), sizes),
-                Rule((a + "o_proj.bias",), (h + "o_proj.bias",))]
+        out.append(Rule((a + "o_proj.bias",), (h + "o_proj.bias",)))
     if cfg.qk_norm:
         out += [norm(a + "q_norm.weight", h + "q_norm.weight"), norm(a + "k_norm.weight", h + "k_norm.weight")]
     return out

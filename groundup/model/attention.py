@@ -119,7 +119,7 @@ class Attention(nn.Module):
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.kv_heads, cfg.attn_head_dim
         self.softcap, self.dropout = cfg.attn_logit_softcap, cfg.dropout
         qkv_out = (self.n_heads + 2 * self.n_kv_heads) * self.head_dim
-        self.qkv_proj = nn.Linear(cfg.d_model, qkv_out, bias=cfg.bias)
+        self.qkv_proj = nn.Linear(cfg.d_model, qkv_out, bias=cfg.bias or cfg.qkv_bias)  # qkv_bias: Qwen2
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, cfg.d_model, bias=cfg.bias)
         self.o_proj.is_residual_proj = True
         if cfg.qk_norm:

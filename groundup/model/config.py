@@ -72,6 +72,7 @@ class ModelConfig:
     embed_scale: bool = False  # multiply embeddings by sqrt(d_model) (Gemma)
     final_logit_softcap: float = 0.0  # 0 = off; Gemma 2 uses 30
     bias: bool = False  # biases in linear layers and LayerNorm (GPT-2)
+    qkv_bias: bool = False  # biases on the q, k and v projections only (Qwen2/2.5); implied by bias
     dropout: float = 0.0
 
     # Initialisation: "normal" = N(0, init_std) with residual projections scaled by
@@ -173,6 +174,8 @@ class ModelConfig:
                 fail("q_lora_rank", self.q_lora_rank, "0 (no query compression) or a positive rank")
             if self.qk_norm:
                 fail("qk_norm", True, "false with attention = 'mla' (MLA normalises its latents instead)")
+            if self.qkv_bias:
+                fail("qkv_bias", True, "false with attention = 'mla' (it has no q, k, v projections to bias)")
         if self.rope_scaling_factor < 1:
             fail("rope_scaling_factor", self.rope_scaling_factor, "a number >= 1")
         for key in ("attn_logit_softcap", "final_logit_softcap", "z_loss_coef", "moe_aux_loss_coef",

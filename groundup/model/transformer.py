@@ -138,8 +138,11 @@ class Transformer(nn.Module):
     def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None, *,
                 cache: KVCache | None = None, pad_lens: torch.Tensor | None = None,
                 return_logits: bool | None = None, last_only: bool = False, score: str | None = None,
-                top_k: int = 0, vocab_limit: int | None = None) -> ModelOutput:
+                top_k: int = 0, vocab_limit: int | None = None, segments: torch.Tensor | None = None) -> ModelOutput:
         """`last_only`: logits of the last position only (generation's prefill needs no others).
+
+        `segments` (B, T): packed examples (fine-tuning); a token attends only within its segment and
+        RoPE positions restart at each segment's first token, so each example sees only itself.
 
         `score` (with targets): "logprobs" returns the per-token log-probabilities of the targets
         (differentiable), "stats" the `TokenStats` (no gradients, `top_k` most likely tokens below
@@ -154,13 +157,20 @@ class Transformer(nn.Module):
         x = self.embed(tokens)
         if cfg.embed_scale:
             x = x * math.sqrt(cfg.d_model)
-        if pad_lens is None:
+        if segments is not None:
+            pos = segment_positions(segments)
+            cos, sin = self.rope_cos[pos].unsqueeze(1), self.rope_sin[pos].unsqueeze(1)
+        elif pad_lens is None:
             cos, sin = self.rope_cos[start : start + T], self.rope_sin[start : start + T]
         else:  # left-padded rows: position 0 is each row's first real token
             pos = (torch.arange(start, start + T, device=tokens.device)[None] - pad_lens[:, None]).clamp_min(0)
             cos, sin = self.rope_cos[pos].unsqueeze(1), self.rope_sin[pos].unsqueeze(1)
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-        mask = cache.attn_mask(T) if cache is not None else build_mask(T, start, pad_lens, tokens.device)
+        if segments is not None:
+            same = segments[:, :, None] == segments[:, None, :]
+            mask = AttnMask(causal=False, mask=(same & torch.ones(T, T, dtype=torch.bool, device=tokens.device).tril())[:, None])
+        else:
+            mask = cache.attn_mask(T) if cache is not None else build_mask(T, start, pad_lens, tokens.device)
         aux_total = None
         for i, block in enumerate(self.blocks):
             layer_cache = cache.layers[i] if cache is not None else None
@@ -215,6 +225,16 @@ class Transformer(nn.Module):
             loss = loss + aux
         return ModelOutput(logits=logits, loss=loss, ce_loss=ce, z_loss=z,
                            aux_loss=None if aux is None else aux.detach())
+
+
+def segment_positions(segments: torch.Tensor) -> torch.Tensor:
+    """(B, T) position of each token within its segment (segments are runs of equal ids)."""
+    B, T = segments.shape
+    idx = torch.arange(T, device=segments.device).expand(B, T)
+    starts = torch.ones_like(segments, dtype=torch.bool)
+    starts[:, 1:] = segments[:, 1:] != segments[:, :-1]
+    first = torch.where(starts, idx, torch.zeros_like(idx)).cummax(dim=1).values
+    return idx - first
 
 
 def _init_tensor(p: torch.Tensor, scheme: str, std: float) -> None:

@@ -71,7 +71,8 @@ def train(args: argparse.Namespace) -> None:
 
 
 def stats_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--tokenizer", required=True, type=Path, help="tokenizer directory or tokenizer.json")
+    p.add_argument("--tokenizer", required=True, type=Path,
+                   help="tokenizer directory or tokenizer.json (groundup's or any Hugging Face one)")
     p.add_argument("--input", required=True, nargs="+", type=Path, help="held-out text records")
     p.add_argument("--heldout-only", action="store_true",
                    help="measure only the documents 'tokenizer train' held out (when --input is the training input)")
@@ -82,14 +83,14 @@ def stats_arguments(p: argparse.ArgumentParser) -> None:
 def stats(args: argparse.Namespace) -> None:
     from groundup.data.readers import ReadStats, iter_records
     from groundup.data.hashing import document_score
+    from groundup.tokenizer import load_tokenizer
     from groundup.tokenizer.stats import format_stats, tokenizer_stats
-    from groundup.tokenizer.tokenizer import Tokenizer
 
-    tok = Tokenizer.load(args.tokenizer)
+    tok = load_tokenizer(args.tokenizer)
     read = ReadStats()
     records = iter_records(args.input, read)
     if args.heldout_only:
-        trained = tok.meta.get("trained") or {}
+        trained = getattr(tok, "meta", {}).get("trained") or {}
         if not trained.get("holdout_fraction"):
             raise DataError(f"{args.tokenizer}: no held-out documents recorded (trained with holdout_fraction 0 "
                             "or not by 'groundup tokenizer train')")

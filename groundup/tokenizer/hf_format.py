@@ -18,9 +18,10 @@ tiktoken does.
 from __future__ import annotations
 
 import functools
-import json
 
 from groundup.errors import DataError
+from groundup.io import parse_json
+from groundup.tokenizer.hf_files import check_tokenizer_json
 
 # GPT-4's split pattern (letters with an optional leading non-letter, digit groups, punctuation
 # runs with trailing newlines, newline runs, whitespace), with the digit group length as a slot.
@@ -102,7 +103,7 @@ def derive_merges(tokens: list[bytes]) -> tuple[list[bytes], list[tuple[bytes, b
 
 
 def build_tokenizer_json(tokens: list[bytes], merges: list[tuple[bytes, bytes]], specials: list[str],
-                         pattern: str) -> str:
+                         pattern: str, prefix: str) -> str:
     """Serialize with the `tokenizers` library itself, so the file is exactly its own format."""
     from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
     from tokenizers import Tokenizer as HFTokenizer
@@ -115,22 +116,52 @@ def build_tokenizer_json(tokens: list[bytes], merges: list[tuple[bytes, bytes]],
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
     ])
     hf.decoder = decoders.ByteLevel()
-    hf.post_processor = processors.ByteLevel(trim_offsets=False)
     # Added in order, they take the ids right after the vocabulary.
     hf.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in specials])
+    # groundup puts the end-of-text id before every plain prompt (the context each training document
+    # starts in); the post-processor adds it too, as Llama 3's adds its begin-of-text, so a transformers,
+    # vLLM or llama.cpp user who tokenizes with the defaults gives the model the same context.
+    template = processors.TemplateProcessing(single=f"{prefix} $A:0", pair=f"{prefix} $A:0 {prefix}:1 $B:1",
+                                             special_tokens=[(prefix, len(tokens) + specials.index(prefix))])
+    hf.post_processor = processors.Sequence([processors.ByteLevel(trim_offsets=False), template])
     return hf.to_str(pretty=True)
 
 
-def parse_tokenizer_json(text: str, where: str) -> tuple[list[bytes], dict[str, int], str]:
-    """Read (tokens in id order, special name -> id, split regex) from a tokenizer.json string.
+def _post_processor_prefix(post: object, specials: dict[str, int], bad) -> str | None:
+    """Accept what groundup writes: none or ByteLevel (files written before the prefix), or those
+    followed by a TemplateProcessing that puts one special token before the text; returns its name."""
+    if post is None:
+        return None
+    if not isinstance(post, dict):
+        raise bad(f"post_processor is a {type(post).__name__}, expected an object")
+    steps = post.get("processors") if post.get("type") == "Sequence" else [post]
+    if not isinstance(steps, list):
+        raise bad("post_processor.processors is not a list")
+    prefix = None
+    for step in steps:
+        kind = step.get("type") if isinstance(step, dict) else None
+        if kind == "ByteLevel":
+            continue
+        if kind != "TemplateProcessing":
+            raise bad(f"post_processor {kind!r} is not one groundup writes (ByteLevel, TemplateProcessing)")
+        single = step.get("single")
+        parts = single if isinstance(single, list) and len(single) == 2 else [None, None]
+        first, second = (p if isinstance(p, dict) else {} for p in parts)
+        prefix = (first.get("SpecialToken") or {}).get("id")
+        if prefix not in specials or "Sequence" not in second:
+            raise bad("post_processor.single must be '<special token> $A'")
+    return prefix
+
+
+def parse_tokenizer_json(text: str, where: str) -> tuple[list[bytes], dict[str, int], str, str | None]:
+    """Read (tokens in id order, special name -> id, split regex, the special its post-processor puts
+    before a text or None) from a tokenizer.json string.
 
     Only the structure groundup writes is accepted (byte-level BPE, one Split regex, no
     normalizer, merges in id order), because only for that is the fast encoder provably equal.
     """
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise DataError(f"{where}:{e.lineno}: invalid JSON: {e.msg}") from None
+    data = parse_json(text, where)
+    check_tokenizer_json(data, where)  # the shape every tokenizer.json has; below, groundup's in particular
 
     def bad(reason: str) -> DataError:
         return DataError(f"{where}: not a groundup byte-level BPE tokenizer.json: {reason}")
@@ -142,11 +173,12 @@ def parse_tokenizer_json(text: str, where: str) -> tuple[list[bytes], dict[str, 
         raise bad("it has a normalizer")
     pre = data.get("pre_tokenizer") or {}
     steps = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
-    if (len(steps) != 2 or steps[0].get("type") != "Split" or steps[1].get("type") != "ByteLevel"
-            or steps[1].get("use_regex")):
+    if (not isinstance(steps, list) or len(steps) != 2 or not all(isinstance(x, dict) for x in steps)
+            or steps[0].get("type") != "Split" or steps[1].get("type") != "ByteLevel" or steps[1].get("use_regex")):
         raise bad("expected pre_tokenizer Sequence[Split(regex), ByteLevel(use_regex=false)]")
-    pattern = (steps[0].get("pattern") or {}).get("Regex")
-    if not pattern:
+    pattern = steps[0].get("pattern")
+    pattern = pattern.get("Regex") if isinstance(pattern, dict) else None
+    if not isinstance(pattern, str) or not pattern:
         raise bad("the Split pre-tokenizer has no regex")
     table = unicode_to_byte()
     vocab = model.get("vocab") or {}
@@ -169,9 +201,10 @@ def parse_tokenizer_json(text: str, where: str) -> tuple[list[bytes], dict[str, 
             raise bad(f"merge {k} ({a!r}, {b!r}) does not build token {256 + k}; merges must be in id order")
     specials = {}
     for added in data.get("added_tokens") or []:
-        if added.get("special"):
+        if added.get("special") is True:
             specials[added["content"]] = added["id"]
     if sorted(specials.values()) != list(range(len(tokens), len(tokens) + len(specials))):
         raise bad("special tokens must take the ids right after the vocabulary")
-    return tokens, specials, pattern
+    prefix = _post_processor_prefix(data.get("post_processor"), specials, bad)
+    return tokens, specials, pattern, prefix
 

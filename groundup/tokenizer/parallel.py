@@ -20,18 +20,18 @@ from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
-from groundup.tokenizer.tokenizer import Tokenizer
+from groundup.tokenizer.base import BaseTokenizer
 
-_worker_tok: Tokenizer | None = None
+_worker_tok: BaseTokenizer | None = None
 
 
-def encode_arrays(tok: Tokenizer, texts: list[str]) -> list[np.ndarray]:
+def encode_arrays(tok: BaseTokenizer, texts: list[str]) -> list[np.ndarray]:
     return [tok.encode_to_numpy(t) for t in texts]
 
 
-def _init(tokens: list[bytes], pattern: str, names: dict[str, str]) -> None:
+def _init(tok: BaseTokenizer) -> None:
     global _worker_tok
-    _worker_tok = Tokenizer(tokens, pattern, names)
+    _worker_tok = tok
 
 
 def _call(fn: Callable, texts: list[str]) -> Any:
@@ -42,7 +42,8 @@ def default_workers() -> int:
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
 
 
-def map_batches(tok: Tokenizer, batches: Iterable[list[str]], fn: Callable[[Tokenizer, list[str]], Any] = encode_arrays,
+def map_batches(tok: BaseTokenizer, batches: Iterable[list[str]],
+                fn: Callable[[BaseTokenizer, list[str]], Any] = encode_arrays,
                 workers: int = 0) -> Iterator[Any]:
     """Yield `fn(tok, batch)` for each batch, in input order. `fn` must be a module-level function
     (it is sent to the workers by name). `workers` 0 means one per available core; 1 runs here."""
@@ -52,10 +53,11 @@ def map_batches(tok: Tokenizer, batches: Iterable[list[str]], fn: Callable[[Toke
             yield fn(tok, batch)
         return
     # fork starts a worker in milliseconds (spawn takes about a second, longer than encoding the
-    # whole embedded corpus); the initializer still passes the vocabulary so spawn works too.
+    # whole embedded corpus); the initializer passes the tokenizer, which both backends pickle as
+    # the parts they are rebuilt from, so spawn works too.
     methods = multiprocessing.get_all_start_methods()
     ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
-    with ctx.Pool(workers, initializer=_init, initargs=(tok.tokens, tok.pattern, tok.special_names)) as pool:
+    with ctx.Pool(workers, initializer=_init, initargs=(tok,)) as pool:
         pending: collections.deque = collections.deque()
         for batch in batches:
             pending.append(pool.apply_async(_call, (fn, batch)))

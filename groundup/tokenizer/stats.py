@@ -14,8 +14,8 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
+from groundup.tokenizer.base import BaseTokenizer
 from groundup.tokenizer.parallel import map_batches
-from groundup.tokenizer.tokenizer import Tokenizer
 
 
 def _batched_texts(records: Iterable[dict], domains: list[str], batch_bytes: int) -> Iterator[list[str]]:
@@ -31,7 +31,7 @@ def _batched_texts(records: Iterable[dict], domains: list[str], batch_bytes: int
         yield texts
 
 
-def tokenizer_stats(tok: Tokenizer, records: Iterable[dict], workers: int = 0, longest: int = 10,
+def tokenizer_stats(tok: BaseTokenizer, records: Iterable[dict], workers: int = 0, longest: int = 10,
                     batch_bytes: int = 1 << 20) -> dict:
     """Bytes per token per domain (and overall), share of the vocabulary used, the longest tokens."""
     domains: list[str] = []
@@ -51,17 +51,19 @@ def tokenizer_stats(tok: Tokenizer, records: Iterable[dict], workers: int = 0, l
     total = {k: sum(e[k] for e in per.values()) for k in ("documents", "bytes", "tokens")}
     for entry in [*per.values(), total]:
         entry["bytes_per_token"] = round(entry["bytes"] / entry["tokens"], 4) if entry["tokens"] else None
-    ordinary = len(tok.tokens)
-    by_length = sorted(range(ordinary), key=lambda i: (-len(tok.tokens[i]), i))[:longest]
+    ordinary = np.ones(tok.vocab_size, dtype=bool)  # specials need not sit at the end (Llama 2's <s> is 1)
+    ordinary[list(tok.special_token_ids)] = False
+    used = (counts > 0) & ordinary
+    by_length = sorted(np.flatnonzero(ordinary).tolist(), key=lambda i: (-int(token_bytes[i]), i))[:longest]
     return {
         "tokenizer_hash": tok.hash,
         "vocab_size": tok.vocab_size,
         "domains": dict(sorted(per.items())),
         "total": total,
-        "vocab_used": int((counts[:ordinary] > 0).sum()),
-        "vocab_used_share": round(float((counts[:ordinary] > 0).mean()), 4),
-        "longest_tokens": [{"id": i, "bytes": len(tok.tokens[i]), "text": tok.tokens[i].decode("utf-8", "replace"),
-                            "count": int(counts[i])} for i in by_length],
+        "vocab_used": int(used.sum()),
+        "vocab_used_share": round(float(used.sum() / max(1, ordinary.sum())), 4),
+        "longest_tokens": [{"id": i, "bytes": int(token_bytes[i]), "count": int(counts[i]),
+                            "text": tok.id_to_bytes(i).decode("utf-8", "replace")} for i in by_length],
     }
 
 

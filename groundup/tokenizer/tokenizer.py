@@ -18,7 +18,10 @@ check the whole embedded corpus). `hash` identifies the tokenization (tokens, sp
 token shards record it and training refuses shards made by another tokenizer.
 
 A tokenizer directory holds `tokenizer.json` and `groundup_tokenizer.json` (special-token roles,
-the chat template as Jinja, the hash, and how it was trained).
+the chat template as Jinja, the hash, and how it was trained). This is the "groundup" backend of the
+interface in `base.py`; `prefix_ids` is [eot_id]: every training document starts in the context of
+the end-of-text that closed the one before, so a prompt does too (and `tokenizer.json`'s
+post-processor adds it, so transformers, vLLM and llama.cpp see the same context).
 """
 
 from __future__ import annotations
@@ -33,20 +36,20 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from groundup.errors import DataError
-from groundup.io import atomic_write_json, atomic_write_text, read_json
+from groundup.io import atomic_write_json, atomic_write_text, read_text
 from groundup.layout import TOKENIZER_FILE, TOKENIZER_META_FILE as META_FILE
 from groundup.tokenizer import chat
+from groundup.tokenizer.base import BaseTokenizer, check_texts, replace_surrogates
 from groundup.tokenizer.chat import SPECIAL_TOKENS
+from groundup.tokenizer.hf_files import read_json_object
 from groundup.tokenizer.hf_format import build_tokenizer_json, derive_merges, parse_tokenizer_json
 
 _INVALID_BYTE = re.compile("[\udc80-\udcff]+")  # what surrogateescape makes of invalid UTF-8
 
 
-def _replace_surrogates(text: str) -> str:
-    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+class Tokenizer(BaseTokenizer):
+    backend = "groundup"
 
-
-class Tokenizer:
     def __init__(self, tokens: Sequence[bytes], pattern: str, special_names: dict[str, str] = SPECIAL_TOKENS,
                  meta: dict | None = None):
         """`tokens` in id order (ids 0-255 the single bytes); specials follow in `special_names` order."""
@@ -64,8 +67,8 @@ class Tokenizer:
             raise DataError("tokenizer: the vocabulary holds a token twice")
         self._enc = tiktoken.Encoding("groundup", pat_str=pattern, mergeable_ranks=ranks, special_tokens=self.specials)
         ids = {role: self.specials[name] for role, name in self.special_names.items()}
-        self.bos_id, self.eos_id, self.pad_id = ids["bos"], ids["eot"], ids["pad"]
-        self.eot_id = self.eos_id  # end of text: separates documents in token shards
+        self.bos_id, self.pad_id = ids["bos"], ids["pad"]
+        self.eot_id = ids["eot"]  # end of text: separates documents in token shards (eos_id is its alias)
         self.system_id, self.user_id, self.assistant_id = ids["system"], ids["user"], ids["assistant"]
         self.end_of_turn_id = ids["end_of_turn"]
         self.special_ids = ids  # role -> id, e.g. {"bos": 8185, ...}
@@ -87,15 +90,20 @@ class Tokenizer:
             raise DataError(f"{file}: tokenizer not found (expected a directory holding {TOKENIZER_FILE}, "
                             "made by 'groundup tokenizer train')")
         meta_path = file.parent / META_FILE
-        meta = read_json(meta_path) if meta_path.is_file() else {}
-        tokens, specials, pattern = parse_tokenizer_json(file.read_text(encoding="utf-8"), str(file))
+        meta = read_json_object(meta_path) if meta_path.is_file() else {}
+        tokens, specials, pattern, prefix = parse_tokenizer_json(read_text(file), str(file))
         names = meta.get("special_tokens") or SPECIAL_TOKENS
+        if (not isinstance(names, dict) or set(names) != set(SPECIAL_TOKENS)
+                or not all(isinstance(n, str) for n in names.values())):
+            raise DataError(f"{meta_path}: special_tokens: expected an object with the roles {list(SPECIAL_TOKENS)}")
         missing = [n for n in names.values() if n not in specials]
         if missing or len(specials) != len(names):
             raise DataError(f"{file}: special tokens {sorted(specials)} do not match the expected "
                             f"{list(names.values())}")
         if [specials[n] for n in names.values()] != sorted(specials.values()):
             raise DataError(f"{file}: special tokens are not in the expected order {list(names.values())}")
+        if prefix is not None and prefix != names["eot"]:
+            raise DataError(f"{file}: its post-processor puts {prefix} before a text; groundup's puts {names['eot']}")
         tok = cls(tokens, pattern, names, meta)
         if meta.get("hash") and meta["hash"] != tok.hash:
             raise DataError(f"{file}: tokenizer hash {tok.hash} differs from {meta['hash']} recorded in "
@@ -105,7 +113,8 @@ class Tokenizer:
     def to_json(self) -> str:
         """The standard `tokenizer.json` text."""
         _, merges = derive_merges(self.tokens)
-        return build_tokenizer_json(self.tokens, merges, list(self.special_names.values()), self.pattern)
+        return build_tokenizer_json(self.tokens, merges, list(self.special_names.values()), self.pattern,
+                                    prefix=self.special_names["eot"])
 
     def save(self, directory: str | os.PathLike) -> Path:
         """Write `tokenizer.json` and `groundup_tokenizer.json` into `directory` (each atomically)."""
@@ -137,6 +146,24 @@ class Tokenizer:
     def chat_template(self) -> str:
         return chat.chat_template(self.special_names)
 
+    @property
+    def special_token_ids(self) -> frozenset[int]:
+        return frozenset(self.specials.values())
+
+    def is_special(self, token_id: int) -> bool:
+        return token_id >= len(self.tokens)  # the specials follow the vocabulary
+
+    @property
+    def stop_ids(self) -> frozenset[int]:
+        return frozenset((self.eot_id, self.end_of_turn_id))
+
+    @property
+    def prefix_ids(self) -> list[int]:
+        return [self.eot_id]
+
+    def __reduce__(self):  # rebuilt from its parts in a worker process (spawn pickles it)
+        return (Tokenizer, (self.tokens, self.pattern, self.special_names, self.meta))
+
     def __repr__(self) -> str:
         return f"Tokenizer(vocab_size={self.vocab_size}, hash={self.hash})"
 
@@ -150,10 +177,7 @@ class Tokenizer:
 
     def encode_batch(self, texts: Iterable[str], num_threads: int | None = None) -> list[list[int]]:
         """`encode` over many texts on `num_threads` threads (default: all cores)."""
-        texts = list(texts)
-        for i, text in enumerate(texts):
-            if not isinstance(text, str):
-                raise TypeError(f"encode_batch: item {i} is {type(text).__name__}, expected str")
+        texts = check_texts(texts)
         return self._enc.encode_ordinary_batch(texts, num_threads=num_threads or os.cpu_count() or 1)
 
     def encode_to_numpy(self, text: str) -> np.ndarray:
@@ -161,7 +185,7 @@ class Tokenizer:
         try:
             return self._enc.encode_to_numpy(text, disallowed_special=())
         except UnicodeEncodeError:  # lone surrogates: encode as U+FFFD, as `encode` does
-            return self._enc.encode_to_numpy(_replace_surrogates(text), disallowed_special=())
+            return self._enc.encode_to_numpy(replace_surrogates(text), disallowed_special=())
 
     def encode_bytes(self, data: bytes) -> list[int]:
         """Token ids of arbitrary bytes: valid UTF-8 runs as text, other bytes as their byte tokens."""
@@ -177,15 +201,8 @@ class Tokenizer:
 
     # ------------------------------------------------------------------ decoding
 
-    def _ids(self, ids: Any) -> list[int]:
-        ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)
-        bad = [i for i in ids if not 0 <= i < self.vocab_size]
-        if bad:
-            raise ValueError(f"token id {bad[0]} is outside the vocabulary (0..{self.vocab_size - 1})")
-        return ids
-
     def decode_bytes(self, ids: Any, skip_special_tokens: bool = False) -> bytes:
-        ids = self._ids(ids)
+        ids = self.check_ids(ids)
         if skip_special_tokens:
             ids = [i for i in ids if i < len(self.tokens)]
         return self._enc.decode_bytes(ids)
@@ -201,6 +218,7 @@ class Tokenizer:
         return lengths
 
     def id_to_bytes(self, token_id: int) -> bytes:
+        """The bytes of one token; a special token's are its spelling (b"<|user|>")."""
         return self.decode_bytes([token_id])
 
     # ------------------------------------------------------------------ chat

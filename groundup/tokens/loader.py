@@ -135,7 +135,12 @@ class TokenLoader:
         check_tokenizer(self.index, expected_tokenizer_hash, self.shard_dir)
         self.split, self.seq_len, self.batch_size = split, seq_len, batch_size
         self.rank, self.world_size, self.seed, self.bos_aligned = rank, world_size, seed, bos_aligned
-        self.eot_id, self.bos_id = int(self.index["eot_id"]), int(self.index["bos_id"])
+        self.eot_id = int(self.index["eot_id"])
+        bos = self.index.get("bos_id")
+        if bos_aligned and bos is None:
+            raise DataError(f"{self.shard_dir}: bos_aligned needs a tokenizer with a begin-of-text token, and the "
+                            "shards' tokenizer has none (documents are still separated by end-of-text)")
+        self.bos_id = int(bos) if bos is not None else None
         self.vocab_size = int(self.index["vocab_size"])
         self.files = open_split(self.shard_dir, split, self.index)
         by_domain: dict[str, list[ShardFile]] = {}

@@ -11,11 +11,12 @@ Layout of the output directory:
     train/<domain>-00000.ids.jsonl    each document's record id, one JSON string per line
     val/...                           the same for the validation split
 
-Each document is its tokens followed by the end-of-text id; a document never spans two files and
-each file holds one domain, so the loader can weight domains by choosing among files. Files are
-written under temporary names and renamed when complete; a previous index.json is deleted before
-the first file is renamed over its predecessor, so a crash never leaves an index vouching for
-files it does not describe.
+Each document is its tokens followed by the end-of-text id (groundup's <|end_of_text|>, or a Hugging
+Face tokenizer's eos token; `bos_id` is None for one without a bos, such as Qwen's); a document never
+spans two files and each file holds one domain, so the loader can weight domains by choosing among
+files. Files are written under temporary names and renamed when complete; a previous index.json is
+deleted before the first file is renamed over its predecessor, so a crash never leaves an index
+vouching for files it does not describe.
 
 index.json keys: format, version, dtype, vocab_size, eot_id, bos_id, tokenizer_hash, tokenizer,
 val_fraction, seed, split_rule, tokens, documents, bytes, skipped_empty, read (the reader's counts of
@@ -286,12 +287,16 @@ def tokenize_to_shards(inputs: list[str | Path], tokenizer, out: str | Path, cfg
     from tqdm import tqdm
 
     from groundup.data.readers import ReadStats, iter_records
-    from groundup.tokenizer import Tokenizer
+    from groundup.tokenizer import BaseTokenizer, load_tokenizer
     from groundup.tokenizer.parallel import map_batches
 
     cfg = cfg or TokenizeConfig()
     cfg.validate()
-    tok = tokenizer if isinstance(tokenizer, Tokenizer) else Tokenizer.load(tokenizer)
+    given = isinstance(tokenizer, BaseTokenizer)
+    tok = tokenizer if given else load_tokenizer(tokenizer)
+    if tok.eot_id is None:  # either backend: groundup's always has one, a Hugging Face one names its eos token
+        raise DataError(f"{tokenizer}: the tokenizer has no end-of-text (eos) token to separate documents; name "
+                        "one as eos_token in its tokenizer_config.json")
     out = ensure_writable_dir(out)
     for split in SPLITS:
         (out / split).mkdir(exist_ok=True)
@@ -325,7 +330,7 @@ def tokenize_to_shards(inputs: list[str | Path], tokenizer, out: str | Path, cfg
     index = {
         "format": FORMAT, "version": 1, "dtype": dtype.name, "vocab_size": tok.vocab_size,
         "eot_id": tok.eot_id, "bos_id": tok.bos_id, "tokenizer_hash": tok.hash,
-        "tokenizer": str(tokenizer) if not isinstance(tokenizer, Tokenizer) else None,
+        "tokenizer": None if given else str(tokenizer),
         "val_fraction": cfg.val_fraction, "seed": cfg.seed, "split_rule": SPLIT_RULE,
         **{k: sum(splits[s][k] for s in SPLITS) for k in ("tokens", "documents", "bytes")},
         "skipped_empty": skipped["empty"], "read": stats.to_dict(), "inputs": [str(p) for p in inputs],

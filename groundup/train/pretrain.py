@@ -20,6 +20,7 @@ from groundup.layout import LOCK_FILE
 from groundup.tokens.loader import TokenLoader
 from groundup.train.config import TrainConfig
 from groundup.train.loop import run, training_session
+from groundup.train.metrics import check_trackers
 from groundup.train.objective import NextTokenObjective
 from groundup.train.run import prepare, write_run_files
 from groundup.train.state import build_state
@@ -29,6 +30,7 @@ def train(cfg: TrainConfig, out_dir: str | Path, resume: bool = False) -> dict:
     """Train per `cfg` into `out_dir`; returns the summary (also written to RUN/summary.json)."""
     began = time.time()
     out = Path(out_dir)
+    check_trackers(cfg.log.tensorboard, cfg.log.wandb)  # refused before the run directory is created
     with training_session(cfg) as (d, stop), writer_lock(out, LOCK_FILE, create=not resume) if d.is_main \
             else contextlib.nullcontext():
         cfg, tok, changes, tok_dir = prepare(cfg, out, resume, d.is_main)

@@ -22,7 +22,7 @@ from groundup.tokens.shards import check_tokenizer, read_index
 from groundup.errors import CheckpointError, ConfigError, DataError
 from groundup.io import atomic_dir, ensure_writable_dir
 from groundup.layout import RUN_CONFIG_FILE as CONFIG_FILE, TOKENIZER_DIR, is_run_dir, is_tokenizer_dir
-from groundup.tokenizer import Tokenizer
+from groundup.tokenizer import Tokenizer, load_tokenizer
 from groundup.train.metrics import check_trackers
 from groundup.train.config import TrainConfig, check_compatible, resume_differences
 
@@ -66,7 +66,7 @@ def prepare(cfg: TrainConfig, out: Path, resume: bool, is_main: bool) -> tuple[T
         if not (out / CONFIG_FILE).is_file():
             raise CheckpointError(f"{out}: no {CONFIG_FILE}, so not a training run directory to resume")
         tok_dir = out / TOKENIZER_DIR
-        tok = Tokenizer.load(tok_dir)
+        tok = load_tokenizer(tok_dir)
         cfg = _match_vocab(cfg, tok)
         saved = load_config(TrainConfig, out / CONFIG_FILE)
         check_compatible(saved, cfg, f"{out / CONFIG_FILE}")
@@ -78,7 +78,7 @@ def prepare(cfg: TrainConfig, out: Path, resume: bool, is_main: bool) -> tuple[T
         if is_main:
             ensure_writable_dir(out)
         tok_dir = _data_tokenizer_dir(cfg, index)
-        tok = Tokenizer.load(tok_dir)
+        tok = load_tokenizer(tok_dir)
         cfg = _match_vocab(cfg, tok)
     check_tokenizer(index, tok.hash, cfg.data.shards)
     return cfg, tok, changes, tok_dir
