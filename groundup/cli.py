@@ -24,6 +24,8 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("data", "tokenize"), "groundup.tokens.commands:tokenize", "encode text records into token shards with a train/val split"),
     (("model", "info"), "groundup.model.commands:info", "parameters, FLOPs, weight and KV-cache bytes of a preset or config"),
     (("train",), "groundup.train.commands:train", "pretrain on token shards: exact resume, stability guards, DDP/FSDP2 under torchrun"),
+    (("sft",), "groundup.posttrain.commands:sft", "supervised fine-tuning (full or LoRA) on chat, prompt-completion, ShareGPT or Alpaca data"),
+    (("merge",), "groundup.posttrain.commands:merge", "fold a LoRA adapter into its base model"),
     (("generate",), "groundup.infer.commands:generate", "complete prompts with a checkpoint (batched, streamed, sampled)"),
     (("chat",), "groundup.infer.commands:chat", "chat with a checkpoint in the terminal (chat template, /reset, /exit)"),
     (("export", "hf"), "groundup.interop.commands:export_hf", "write a checkpoint as a Hugging Face model directory"),

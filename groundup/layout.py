@@ -14,6 +14,7 @@
         config.toml                 the fully resolved config
         metrics.jsonl               one JSON object per logged step or event
         summary.json                what the run returned, written at its end
+        data_report.json            post-training: examples read, rows packed, padding and dropped tokens
         tokenizer/                  a copy of the tokenizer: the run is self-contained
         checkpoints/step_NNNNNNN/   a model directory + optimizer.pt, loader.pt, trainer.pt, meta.json
         checkpoints/latest          the newest complete step directory's name, written last
@@ -61,6 +62,7 @@ ADAPTER_META_FILE = "groundup_adapter.json"
 RUN_CONFIG_FILE = "config.toml"
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
+DATA_REPORT_FILE = "data_report.json"  # post-training runs: examples, packing, padding, dropped, replay
 CHECKPOINTS_DIR = "checkpoints"
 LATEST_POINTER = "latest"
 CHECKPOINT_META_FILE = "meta.json"
@@ -85,6 +87,10 @@ def is_run_dir(path: str | Path) -> bool:
     """True when `path` already holds (the start of) a training run."""
     path = Path(path)
     return (path / RUN_CONFIG_FILE).is_file() or checkpoints_dir(path).is_dir()
+
+
+def is_adapter_dir(path: str | Path) -> bool:
+    return (Path(path) / ADAPTER_WEIGHTS_FILE).is_file()
 
 
 def is_model_dir(path: str | Path) -> bool:
@@ -183,14 +189,14 @@ def find_intact_checkpoint(run_dir: str | Path, note: Callable[[str], None] = pr
 def resolve_model_dir(path: str | Path, note: Callable[[str], None] = print) -> Path:
     """The model directory behind what a user passes as `--checkpoint` (or `--base`).
 
-    A model directory (model.safetensors + model.toml), one checkpoint step directory (verified
+    A model directory (model.safetensors + model.toml) or an adapter directory, one checkpoint step directory (verified
     against its meta.json: a corrupt one is refused), or a training run directory, whose newest
     intact checkpoint is used (a damaged newer one is skipped with a warning, as resume does).
     """
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"{path}: no such checkpoint or run directory")
-    if (path / WEIGHTS_FILE).is_file():
+    if (path / WEIGHTS_FILE).is_file() or is_adapter_dir(path):
         if (path / CHECKPOINT_META_FILE).is_file():  # a checkpoint step directory: verify it
             why = checkpoint_problem(path)
             if why:

@@ -160,18 +160,25 @@ def from_peft(model, tensors: dict[str, torch.Tensor], hf_names: bool, where: st
     return state
 
 
-def load_adapter(model, adapter_dir: str | Path) -> LoraConfig:
-    """Apply and load an adapter directory (ours or peft's) onto `model` in place; returns its config."""
-    from groundup.model.lora import apply_lora, load_adapter_state
-
+def read_adapter_state(model, adapter_dir: str | Path) -> dict[str, torch.Tensor]:
+    """The adapter tensors of ADAPTER/ under our module names, for a model whose adapters are applied."""
     adapter_dir = Path(adapter_dir)
-    lora, meta = adapter_config(adapter_dir)
+    _, meta = adapter_config(adapter_dir)
     weights = adapter_dir / ADAPTER_WEIGHTS_FILE
     try:
         tensors = load_file(str(weights))
     except (OSError, ValueError, RuntimeError) as e:
         raise CheckpointError(f"{weights}: unreadable safetensors file ({e})") from None
-    apply_lora(model, lora)
     state = from_peft(model, tensors, bool(meta.get("hf_names", True)), str(weights))
-    load_adapter_state(model, {k: v.to(model.embed.weight.device) for k, v in state.items()}, str(weights))
+    return {k: v.to(model.embed.weight.device) for k, v in state.items()}
+
+
+def load_adapter(model, adapter_dir: str | Path) -> LoraConfig:
+    """Apply and load an adapter directory (ours or peft's) onto `model` in place; returns its config."""
+    from groundup.model.lora import apply_lora, load_adapter_state
+
+    adapter_dir = Path(adapter_dir)
+    lora, _ = adapter_config(adapter_dir)
+    apply_lora(model, lora)
+    load_adapter_state(model, read_adapter_state(model, adapter_dir), str(adapter_dir / ADAPTER_WEIGHTS_FILE))
     return lora

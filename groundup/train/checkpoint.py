@@ -22,14 +22,16 @@ import pickle
 import shutil
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 
 from groundup.config import config_to_dict
 from groundup.errors import CheckpointError
 from groundup.io import atomic_dir, atomic_write_json, atomic_write_text
-from groundup.layout import (CHECKPOINT_FORMAT, CHECKPOINT_META_FILE, WEIGHTS_FILE, checkpoints_dir, file_digest,
-                             latest_pointer, list_checkpoints, read_checkpoint_meta, read_latest, step_name)
+from groundup.layout import (ADAPTER_WEIGHTS_FILE, CHECKPOINT_FORMAT, CHECKPOINT_META_FILE, WEIGHTS_FILE,
+                             checkpoints_dir, file_digest, latest_pointer, list_checkpoints, read_checkpoint_meta,
+                             read_latest, step_name)
 from groundup.model.io import build_from_state, load_state, save_model
 
 
@@ -40,12 +42,18 @@ def _save_pt(obj, path: Path) -> None:
         os.fsync(f.fileno())
 
 
-def save_checkpoint(run_dir: Path, step: int, cfg, model_state: dict, optimizer_state: dict,
+def save_checkpoint(run_dir: Path, step: int, cfg, model_state: dict | Callable[[Path], None], optimizer_state: dict,
                     loader_states: list[dict], trainer_state: dict, meta: dict) -> Path:
-    """Write step `step`'s checkpoint (main process only) and point `latest` at it."""
+    """Write step `step`'s checkpoint (main process only) and point `latest` at it.
+
+    `model_state`: the full model's tensors (a model directory is written), or a function that writes
+    the model's files into the directory it is given (a LoRA run writes its adapter)."""
     final = checkpoints_dir(run_dir) / step_name(step)
     with atomic_dir(final) as tmp:
-        save_model(build_from_state(cfg.model, model_state), tmp)
+        if callable(model_state):
+            model_state(tmp)
+        else:
+            save_model(build_from_state(cfg.model, model_state), tmp)
         _save_pt(optimizer_state, tmp / "optimizer.pt")
         _save_pt({"ranks": loader_states}, tmp / "loader.pt")
         _save_pt(trainer_state, tmp / "trainer.pt")
@@ -78,7 +86,10 @@ def load_checkpoint(step_dir: Path) -> dict:
     def pt(name: str):
         return load_plain_pickle(step_dir / name)
 
-    return {"meta": read_checkpoint_meta(step_dir), "model": load_state(step_dir / WEIGHTS_FILE),
+    model = load_state(step_dir / WEIGHTS_FILE) if (step_dir / WEIGHTS_FILE).is_file() else None
+    if model is None and not (step_dir / ADAPTER_WEIGHTS_FILE).is_file():
+        raise CheckpointError(f"{step_dir}: neither {WEIGHTS_FILE} nor {ADAPTER_WEIGHTS_FILE}")
+    return {"meta": read_checkpoint_meta(step_dir), "model": model, "dir": step_dir,
             "optimizer": pt("optimizer.pt"), "loader": pt("loader.pt")["ranks"], "trainer": pt("trainer.pt")}
 
 

@@ -24,27 +24,31 @@ def train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("overrides", nargs="*", help="section.key=value over the config, e.g. train.max_steps=500")
 
 
-def train(args: argparse.Namespace) -> int:
+def load_run_config(cls, args: argparse.Namespace, extra: list[str] = ()):
+    """The config of a fresh run (defaults, --config, overrides) or of a resumed one (its config.toml,
+    or --config, then the overrides)."""
     from groundup.config import load_config
-    from groundup.train.config import TrainConfig
-    from groundup.train.pretrain import train as run_training
-    from groundup.layout import RUN_CONFIG_FILE as CONFIG_FILE
+    from groundup.errors import CheckpointError
+    from groundup.layout import RUN_CONFIG_FILE
 
-    overrides = list(args.overrides) + (["log.progress=false"] if args.quiet else [])
+    overrides = list(extra) + list(args.overrides) + (["log.progress=false"] if args.quiet else [])
     if args.resume is not None:
-        base = args.config or args.resume / CONFIG_FILE
+        base = args.config or args.resume / RUN_CONFIG_FILE
         if not base.is_file():
-            from groundup.errors import CheckpointError
+            raise CheckpointError(f"{args.resume}: no {RUN_CONFIG_FILE}, so not a run directory to resume")
+        return load_config(cls, base, overrides)
+    return load_config(cls, args.config, overrides)
 
-            raise CheckpointError(f"{args.resume}: no {CONFIG_FILE}, so not a training run directory to resume")
-        cfg = load_config(TrainConfig, base, overrides)
-    else:
-        cfg = load_config(TrainConfig, args.config, overrides)
-    summary = run_training(cfg, args.resume or args.out, resume=args.resume is not None)
+
+def print_summary(summary: dict, verb: str = "train") -> int:
+    """The closing lines of a training verb; the exit code (128 + signal when interrupted)."""
     if os.environ.get("RANK", "0") != "0":  # under torchrun the main process reports
         return 0
-    val = "" if summary["val_bpb"] is None else (f", val loss {summary['val_loss']:.4f}, "
-                                                 f"val bpb {summary['val_bpb']:.4f}")
+    val = ""
+    if summary.get("val_bpb") is not None:
+        val = f", val loss {summary['val_loss']:.4f}, val bpb {summary['val_bpb']:.4f}"
+    elif summary.get("eval"):
+        val = "".join(f", {k} {v:.4f}" for k, v in summary["eval"].items() if isinstance(v, float))
     print(f"{summary['run_dir']}: {summary['steps']} steps, {summary['tokens']:,} tokens, train loss "
           f"{summary['train_loss']:.4f}{val}; {summary['tokens_per_sec']:,.0f} tokens/s, MFU {summary['mfu']:.1%}, "
           f"{summary['wall_time_s']:.0f} s")
@@ -52,7 +56,16 @@ def train(args: argparse.Namespace) -> int:
         print(f"  stability: {summary['skipped_steps']} skipped steps, {summary['gated_sequences']} sequences "
               f"dropped by the data gate, {summary['rollbacks']} rollbacks")
     if summary["interrupted"]:
-        print(f"  interrupted by {summary['interrupted']}: resume with 'groundup train --resume {summary['run_dir']}'")
+        print(f"  interrupted by {summary['interrupted']}: resume with 'groundup {verb} --resume {summary['run_dir']}'")
         signum = getattr(signal, summary["interrupted"], None)
         return 128 + int(signum) if signum else 1
     return 0
+
+
+def train(args: argparse.Namespace) -> int:
+    from groundup.train.config import TrainConfig
+    from groundup.train.pretrain import train as run_training
+
+    cfg = load_run_config(TrainConfig, args)
+    summary = run_training(cfg, args.resume or args.out, resume=args.resume is not None)
+    return print_summary(summary, "train")

@@ -19,6 +19,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from groundup.interop.peft_format import read_adapter_state, save_adapter
+from groundup.model.lora import load_adapter_state
 from groundup.model.sizing import check_fits
 from groundup.model.transformer import Transformer
 from groundup.train import checkpoint as ckpt
@@ -49,6 +51,8 @@ class TrainState:
     tokens: int = 0  # tokens consumed (all processes; rollbacks do not give them back)
     elapsed: float = 0.0  # seconds of training, over all sessions of this run
     gated: int = 0  # sequences dropped by the data gate
+    lora: Any = None  # a LoraConfig when only adapters train: checkpoints then hold the adapter alone
+    base: str | None = None  # the base model a fine-tuning run started from (recorded with adapters)
     master_moe: list = field(default_factory=list)  # MoE layers of the master model (their biases update)
     compute_moe: list = field(default_factory=list)  # ... and of the compute model (their load counts)
 
@@ -131,7 +135,11 @@ def save_state(state: TrainState, metrics_offset: int, note: Callable[[str], Non
         note(f"step {state.step}: weights are not finite; no checkpoint saved")
         return None
     owner = state.state_owner
-    model_state = full_model_state(owner, d)
+    if state.lora is not None:  # the adapter alone, in peft's layout; the base never changes
+        def model_state(directory: Path) -> None:
+            save_adapter(state.precision.master, state.lora, directory, base=state.base)
+    else:
+        model_state = full_model_state(owner, d)
     optim_state = full_optimizer_state(owner, state.optimizers, d)
     rngs, loaders = d.gather(_rng_state(d)), d.gather(state.loader.state_dict())
     path = None
@@ -157,7 +165,10 @@ def restore_state(state: TrainState, data: dict, note: Callable[[str], None] = p
     """
     d = state.dist
     owner = state.state_owner
-    load_model_state(owner, data["model"], d)
+    if data["model"] is not None:
+        load_model_state(owner, data["model"], d)
+    else:
+        load_adapter_state(owner, read_adapter_state(owner, data["dir"]), str(data["dir"]))
     load_optimizer_state(owner, state.optimizers, data["optimizer"], d)
     state.precision.master_to_compute()
     saved = data["trainer"]

@@ -1,0 +1,88 @@
+"""Post-training configs: every TrainConfig section (the training core's knobs) plus the stage's own.
+
+    cfg = load_config(SFTConfig, "sft.toml", ["sft.loss_on=completion", "lora.rank=16"])
+
+A post-training config is a TrainConfig whose `model` is the base model's (set when the base is
+loaded; `model.*` keys are ignored) and whose `data.shards` is optional (pretraining shards used for
+replay). Defaults are those of fine-tuning, not pretraining: a short warmup, a small peak rate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar, Literal
+
+from groundup.config import fail
+from groundup.model.lora import LoraConfig
+from groundup.train.config import INCOMPATIBLE, EvalConfig, LoopConfig, ScheduleConfig, TrainConfig
+
+
+def _sft_schedule() -> ScheduleConfig:
+    return ScheduleConfig(kind="cosine", peak_lr=1e-4, min_lr=1e-5, warmup_steps=20, warmup_max_fraction=0.05)
+
+
+@dataclass
+class PostTrainLoopConfig(LoopConfig):
+    max_steps: int = 0  # optimizer steps; 0 = derived from the stage's epochs
+
+    def validate(self) -> None:
+        if self.max_steps < 0:
+            fail("max_steps", self.max_steps, "0 (derived from the epochs) or a positive step count")
+        for key in ("batch_size", "grad_accum", "seq_len"):
+            if getattr(self, key) < 1:
+                fail(key, getattr(self, key), "a positive integer")
+        if self.threads < 0:
+            fail("threads", self.threads, "0 (torch's default) or a positive count")
+
+
+def _sft_loop() -> PostTrainLoopConfig:
+    return PostTrainLoopConfig(batch_size=8, seq_len=512)
+
+
+def _sft_eval() -> EvalConfig:
+    return EvalConfig(every=100, max_batches=20)
+
+
+@dataclass
+class SFTDataConfig:
+    data: list[str] = field(default_factory=list)  # JSONL/Parquet files or directories (--data)
+    eval_data: list[str] = field(default_factory=list)  # held-out files; none: records marked split="heldout"
+    val_fraction: float = 0.02  # share held out when no record says its split (by a hash of the record)
+    loss_on: Literal["assistant", "completion", "all"] = "assistant"  # which tokens are trained
+    packing: bool = True  # several examples per row (no attention across them); false: pad to the longest
+    epochs: float = 1.0  # passes over the training examples; train.max_steps = 0 derives the steps from it
+    replay_fraction: float = 0.0  # share of each batch drawn from pretraining shards (data.shards); 0 = off
+    eval_generations: int = 32  # held-out conversations answered greedily at each evaluation (0 = none)
+    eval_max_new_tokens: int = 128
+    seed: int = 0  # of the held-out split and the example order
+
+    def validate(self) -> None:
+        if not 0 <= self.val_fraction < 1:
+            fail("val_fraction", self.val_fraction, "a number in [0, 1)")
+        if not 0 <= self.replay_fraction < 1:
+            fail("replay_fraction", self.replay_fraction, "a number in [0, 1) (0 = no replay)")
+        if self.epochs <= 0:
+            fail("epochs", self.epochs, "a positive number")
+        for key in ("eval_generations", "eval_max_new_tokens"):
+            if getattr(self, key) < 0:
+                fail(key, getattr(self, key), "an integer >= 0")
+
+
+@dataclass
+class SFTConfig(TrainConfig):
+    base: str = ""  # the model to fine-tune: a model directory, run directory, imported HF/GGUF model (--base)
+    train: PostTrainLoopConfig = field(default_factory=_sft_loop)
+    schedule: ScheduleConfig = field(default_factory=_sft_schedule)
+    eval: EvalConfig = field(default_factory=_sft_eval)
+    sft: SFTDataConfig = field(default_factory=SFTDataConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+
+    verb: ClassVar[str] = "sft"
+    incompatible_keys: ClassVar[tuple[str, ...]] = INCOMPATIBLE + ("sft.loss_on", "sft.packing", "sft.seed",
+                                                                   "lora.", "base")
+
+    def validate(self) -> None:
+        if self.sft.replay_fraction and not self.data.shards:
+            fail("sft.replay_fraction", self.sft.replay_fraction, "0 unless data.shards names pretraining shards")
+        if self.lora.enabled and self.distributed.strategy == "fsdp":
+            fail("distributed.strategy", "fsdp", "'ddp' with LoRA (the adapters are small; the base stays whole)")

@@ -1,0 +1,179 @@
+"""`sft(cfg, out, resume=False)`: supervised fine-tuning (full or LoRA) on the shared training core.
+
+    cfg = load_config(SFTConfig, None, ["base=out/model", 'sft.data=["chat/chat-math.jsonl"]', "lora.rank=16"])
+    summary = sft(cfg, "runs/sft")
+
+The objective is next-token cross-entropy on the learned tokens only (the chat template's assistant
+tokens and end of turn by default, so the model learns to stop), with packed examples kept apart by
+segments. Everything else (exact resume, checkpoints, bf16, accumulation, clipping, the spike guard,
+DDP) is the training core's. Evaluation: the held-out loss, and greedy replies to held-out
+conversations: the share that end their turn, and exact match where the record carries an `answer`
+(strict: the `Answer:` line; lenient: the last number).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from pathlib import Path
+
+import torch
+
+from groundup.data.hashing import document_score
+from groundup.data.readers import ReadStats
+from groundup.errors import DataError
+from groundup.io import atomic_write_json
+from groundup.layout import DATA_REPORT_FILE
+from groundup.model.lora import apply_lora
+from groundup.posttrain.config import SFTConfig
+from groundup.posttrain.records import Example, iter_examples
+from groundup.posttrain.run import posttrain_session
+from groundup.posttrain.sft_data import SFTLoader, collate, pack, tokenize
+from groundup.tokens.loader import IGNORE_INDEX, TokenLoader
+from groundup.train.distributed import unwrap
+from groundup.train.loop import run
+from groundup.train.objective import ObjectiveOutput
+from groundup.train.state import build_state
+
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+_ANSWER = re.compile(r"Answer:\s*(-?[\d,]+(?:\.\d+)?)")
+
+
+def extract_answer(text: str, strict: bool) -> str | None:
+    """The answer a reply gives: the `Answer:` line (strict) or the last number in it (lenient)."""
+    if strict:
+        m = _ANSWER.search(text)
+        return m.group(1).replace(",", "") if m else None
+    numbers = _NUMBER.findall(text)
+    return numbers[-1].replace(",", "").rstrip(".") if numbers else None
+
+
+class SFTObjective:
+    name = "sft"
+
+    def __init__(self, cfg: SFTConfig, val_rows, heldout: list[Example], tokenizer):
+        self.cfg, self.val_rows, self.heldout, self.tokenizer = cfg, val_rows, heldout, tokenizer
+
+    def units(self, batch) -> int:
+        return int((batch.targets != IGNORE_INDEX).sum())
+
+    def __call__(self, model, batch, device) -> ObjectiveOutput:
+        segments = batch.segments.to(device) if self.cfg.sft.packing else None
+        out = model(batch.inputs.to(device), batch.targets.to(device), segments=segments)
+        replay = sum(d == "replay" for d in batch.domains) / len(batch.domains)
+        return ObjectiveOutput(out.loss, {"loss": out.ce_loss, "replay_share": replay})
+
+    @torch.no_grad()
+    def evaluate(self, state) -> tuple[dict, str]:
+        cfg, model = self.cfg, state.model
+        was = model.training
+        model.eval()
+        loss_sum, n = 0.0, 0
+        pad = self.tokenizer.pad_id if self.tokenizer.pad_id is not None else self.tokenizer.eot_id
+        for i in range(0, len(self.val_rows), cfg.train.batch_size):
+            batch = collate(self.val_rows[i : i + cfg.train.batch_size], pad)
+            k = self.units(batch)
+            with state.precision.context():
+                out = self(model, batch, state.dist.device)
+            loss_sum, n = loss_sum + float(out.metrics["loss"]) * k, n + k
+        loss_sum, n = state.dist.sum([loss_sum, n])
+        record = {"step": state.step, "tokens": state.tokens}
+        if n:  # no held-out examples: no held-out loss (the data report says so)
+            record["val_loss"] = loss_sum / n
+        if cfg.sft.eval_generations and self.heldout and state.dist.strategy != "fsdp":
+            record.update(self.generation_metrics(unwrap(model)))
+        model.train(was)
+        message = f"step {state.step}: " + ", ".join(f"{k.removeprefix('val_')} {v:.4f}" for k, v in record.items()
+                                                     if k.startswith("val_")) if len(record) > 2 else "no held-out data"
+        return record, message
+
+    def generation_metrics(self, model) -> dict:
+        from groundup.infer import Generator
+
+        gen = Generator(model, self.tokenizer)
+        chats = [ex for ex in self.heldout if ex.messages][: self.cfg.sft.eval_generations]
+        if not chats:
+            return {}
+        prompts = [self.tokenizer.render_chat(ex.messages[: ex.completion_at], add_generation_prompt=True)[0]
+                   for ex in chats]
+        outs = []
+        for i in range(0, len(prompts), 8):
+            outs += gen.complete_ids(prompts[i : i + 8], max_new_tokens=self.cfg.sft.eval_max_new_tokens, temperature=0,
+                                     overflow="truncate")
+        end_of_turn = self.tokenizer.end_of_turn_id
+        record = {"val_end_turn": sum(bool(o.token_ids) and o.token_ids[-1] == end_of_turn for o in outs) / len(outs)}
+        answered = [(ex, o) for ex, o in zip(chats, outs) if ex.meta.get("answer") is not None]
+        if answered:
+            for strict, key in ((True, "val_exact_match_strict"), (False, "val_exact_match_lenient")):
+                hits = [extract_answer(o.text, strict) == str(ex.meta["answer"]).replace(",", "") for ex, o in answered]
+                record[key] = sum(hits) / len(hits)
+        return record
+
+
+def _is_heldout(ex: Example, cfg: SFTConfig) -> bool:
+    if "split" in ex.meta:
+        return ex.meta["split"] == "heldout"
+    key = ex.id or ex.text or ex.prompt_text or "".join(m["content"] for m in ex.messages)
+    return document_score(key, cfg.sft.seed) < cfg.sft.val_fraction
+
+
+def load_examples(cfg: SFTConfig, note=print) -> tuple[list[Example], list[Example], ReadStats]:
+    """(training examples, held-out examples, what reading saw)."""
+    if not cfg.sft.data:
+        raise DataError("no fine-tuning data: pass --data FILE... (JSONL or Parquet)")
+    stats, bad = ReadStats(), []
+    train, heldout = [], []
+    for ex in iter_examples(cfg.sft.data, stats, bad):
+        (heldout if not cfg.sft.eval_data and _is_heldout(ex, cfg) else train).append(ex)
+    if cfg.sft.eval_data:
+        heldout = list(iter_examples(cfg.sft.eval_data, stats, bad))
+    if bad:
+        note(f"skipped {len(bad):,} records that fit no fine-tuning format: " + "; ".join(bad[:3]))
+    return train, heldout, stats
+
+
+def sft(cfg: SFTConfig, out_dir: str | Path, resume: bool = False) -> dict:
+    """Fine-tune `cfg.base` on `cfg.sft.data` into `out_dir`; returns the training summary."""
+    out = Path(out_dir)
+    with posttrain_session(cfg, out, resume) as s:
+        cfg, d, tok = s.cfg, s.dist, s.tokenizer
+        note = print if d.is_main else (lambda *_: None)
+        train_ex, heldout, stats = load_examples(cfg, note)
+        pad = tok.pad_id if tok.pad_id is not None else tok.eot_id
+        rows, report = pack([tokenize(e, tok, cfg.sft.loss_on, i) for i, e in enumerate(train_ex)], cfg.train.seq_len,
+                            pad, cfg.sft.packing)
+        val_rows, _ = pack([tokenize(e, tok, cfg.sft.loss_on, i) for i, e in enumerate(heldout)], cfg.train.seq_len,
+                           pad, cfg.sft.packing)
+        replay_rows = round(cfg.sft.replay_fraction * cfg.train.batch_size) if cfg.sft.replay_fraction else 0
+        replay = None
+        if replay_rows:
+            replay = TokenLoader(cfg.data.shards, "train", cfg.train.seq_len, replay_rows, rank=d.rank,
+                                 world_size=d.world_size, seed=cfg.train.seed, expected_tokenizer_hash=tok.hash)
+        loader = SFTLoader(rows, cfg.train.batch_size, pad, seed=cfg.sft.seed, rank=d.rank, world_size=d.world_size,
+                           replay=replay, replay_rows=replay_rows)
+        if not cfg.train.max_steps:
+            per_step = loader.batch_size * cfg.train.grad_accum * d.world_size
+            steps = max(1, math.ceil(cfg.sft.epochs * len(rows) / per_step))
+            cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, max_steps=steps))
+        s.commit(cfg)
+        note(f"{len(train_ex):,} examples ({len(heldout):,} held out) -> {report['rows']:,} rows of {cfg.train.seq_len}"
+             f" tokens; {report['learned_tokens']:,} learned tokens, {report['padding_tokens']:,} padding, "
+             f"{report['dropped_examples']:,} examples dropped (longer than a row), {cfg.train.max_steps:,} steps"
+             + (f"; {replay_rows} of {cfg.train.batch_size} rows per batch replay pretraining data" if replay_rows else ""))
+        model = s.model
+        if cfg.lora.enabled:
+            torch.manual_seed(cfg.train.seed)  # the adapters' initial A matrices
+            apply_lora(model, cfg.lora)
+        objective = SFTObjective(cfg, val_rows, heldout, tok)
+        state = build_state(cfg, d, objective, loader, tokenizer=tok, run_dir=out, model=model)
+        state.lora, state.base = (cfg.lora if cfg.lora.enabled else None), str(s.base_dir)
+        if d.is_main and not resume:
+            _write_data_report(out, report, stats, replay_rows, cfg)
+        return run(state, resume=resume, changes=s.changes, stop=s.stop, began=s.began)
+
+
+def _write_data_report(out: Path, report: dict, stats: ReadStats, replay_rows: int, cfg: SFTConfig) -> None:
+    atomic_write_json(out / DATA_REPORT_FILE, {**report, "read": stats.to_dict(), "replay_rows_per_batch": replay_rows,
+                                                 "replay_share": replay_rows / cfg.train.batch_size,
+                                                 "loss_on": cfg.sft.loss_on, "packing": cfg.sft.packing})
