@@ -23,6 +23,7 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("tokenizer", "stats"), "groundup.tokenizer.commands:stats", "bytes per token per domain, vocabulary use, longest tokens"),
     (("data", "tokenize"), "groundup.tokens.commands:tokenize", "encode text records into token shards with a train/val split"),
     (("model", "info"), "groundup.model.commands:info", "parameters, FLOPs, weight and KV-cache bytes of a preset or config"),
+    (("plan",), "groundup.plan.commands:plan", "memory per GPU, the largest micro-batch that fits, time and GPU hours of a training run"),
     (("train",), "groundup.train.commands:train", "pretrain on token shards: exact resume, stability guards, DDP/FSDP2 under torchrun"),
     (("sft",), "groundup.posttrain.commands:sft", "supervised fine-tuning (full or LoRA) on chat, prompt-completion, ShareGPT or Alpaca data"),
     (("merge",), "groundup.posttrain.commands:merge", "fold a LoRA adapter into its base model"),

@@ -179,6 +179,10 @@ class DistributedConfig:
     strategy: Literal["ddp", "fsdp"] = "ddp"
     backend: Literal["auto", "nccl", "gloo"] = "auto"  # auto: nccl on GPUs, gloo on CPUs
     meta_init: bool = False  # FSDP: build on the meta device and initialise shards in place (big models)
+    # FSDP with gradient accumulation: "every" reduce-scatters after each micro-batch, so gradients
+    # stay sharded (a 12B model's unsharded fp32 gradients are 48 GB per GPU); "last" waits for the
+    # last micro-batch (less communication, every layer's full gradient held in the meantime).
+    fsdp_grad_sync: Literal["every", "last"] = "every"
 
 
 @dataclass

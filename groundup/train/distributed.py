@@ -143,14 +143,15 @@ def unwrap(model: nn.Module) -> nn.Module:
 
 
 @contextlib.contextmanager
-def grad_sync(model: nn.Module, d: Dist, sync: bool):
-    """Skip the gradient all-reduce on micro-batches before the last of an optimizer step."""
+def grad_sync(model: nn.Module, d: Dist, sync: bool, fsdp_every: bool = True):
+    """Skip DDP's gradient all-reduce on micro-batches before the last of an optimizer step; FSDP
+    reduce-scatters every micro-batch unless told otherwise (`fsdp_every`: see DistributedConfig)."""
     if d.strategy == "ddp" and not sync:
         with model.no_sync():
             yield
         return
     if d.strategy == "fsdp":
-        model.set_requires_gradient_sync(sync)
+        model.set_requires_gradient_sync(sync or fsdp_every)
     yield
 
 

@@ -57,7 +57,7 @@ def train_step(state: TrainState, stop_requested: bool = False) -> StepResult:
     sums: dict[str, torch.Tensor] = {}
     for i, (batch, n) in enumerate(zip(micro, counts)):
         last = i == len(micro) - 1
-        with grad_sync(state.model, d, last):
+        with grad_sync(state.model, d, last, cfg.distributed.fsdp_grad_sync == "every"):
             with precision.context():
                 out = objective(state.step_model, batch, d.device)
             # DDP and FSDP average gradients over processes, hence the world size.
