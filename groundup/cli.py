@@ -26,6 +26,8 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("plan",), "groundup.plan.commands:plan", "memory per GPU, the largest micro-batch that fits, time and GPU hours of a training run"),
     (("train",), "groundup.train.commands:train", "pretrain on token shards: exact resume, stability guards, DDP/FSDP2 under torchrun"),
     (("sft",), "groundup.posttrain.commands:sft", "supervised fine-tuning (full or LoRA) on chat, prompt-completion, ShareGPT or Alpaca data"),
+    (("dpo",), "groundup.posttrain.commands:dpo", "direct preference optimisation on prompt/chosen/rejected pairs (sigmoid, IPO, hinge)"),
+    (("kto",), "groundup.posttrain.commands:kto", "Kahneman-Tversky optimisation on unpaired prompt/completion/label feedback"),
     (("merge",), "groundup.posttrain.commands:merge", "fold a LoRA adapter into its base model"),
     (("generate",), "groundup.infer.commands:generate", "complete prompts with a checkpoint (batched, streamed, sampled)"),
     (("chat",), "groundup.infer.commands:chat", "chat with a checkpoint in the terminal (chat template, /reset, /exit)"),

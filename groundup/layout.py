@@ -15,6 +15,7 @@
         metrics.jsonl               one JSON object per logged step or event
         summary.json                what the run returned, written at its end
         data_report.json            post-training: examples read, rows packed, padding and dropped tokens
+        reference_logps.safetensors DPO/KTO: the reference log-likelihoods, computed once
         tokenizer/                  a copy of the tokenizer: the run is self-contained
         checkpoints/step_NNNNNNN/   a model directory + optimizer.pt, loader.pt, trainer.pt, meta.json
         checkpoints/latest          the newest complete step directory's name, written last
@@ -63,6 +64,7 @@ RUN_CONFIG_FILE = "config.toml"
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
 DATA_REPORT_FILE = "data_report.json"  # post-training runs: examples, packing, padding, dropped, replay
+REFERENCE_LOGPS_FILE = "reference_logps.safetensors"  # DPO/KTO: the reference model's log-likelihoods, once
 CHECKPOINTS_DIR = "checkpoints"
 LATEST_POINTER = "latest"
 CHECKPOINT_META_FILE = "meta.json"

@@ -1,6 +1,7 @@
-"""`groundup sft` and `groundup merge`.
+"""The post-training verbs: `sft`, `dpo`, `kto`, `grpo`, `rft`, `rm`, and `merge`.
 
     groundup sft --base out/model --data chat/chat-math.jsonl --out runs/sft [lora.rank=16 ...]
+    groundup dpo --base runs/sft --data pairs.jsonl --out runs/dpo dpo.beta=0.1
     groundup sft --resume runs/sft
     groundup merge --base out/model --adapter runs/sft --out out/model-sft
 """
@@ -21,12 +22,8 @@ def _run_arguments(p: argparse.ArgumentParser, config: str) -> None:
 
 
 def sft_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--base", default=None, help="the model to fine-tune: a model or run directory, an imported model")
-    p.add_argument("--data", nargs="+", type=Path, default=None, help="JSONL/Parquet files: messages, prompt/"
-                   "completion, text, ShareGPT conversations or Alpaca instruction/output records")
-    p.add_argument("--eval-data", nargs="+", type=Path, default=None, help="held-out files (default: records whose "
-                   "split is 'heldout', else sft.val_fraction of the data)")
-    _run_arguments(p, "SFTConfig")
+    _data_arguments(p, "JSONL/Parquet files: messages, prompt/completion, text, ShareGPT conversations or Alpaca "
+                       "instruction/output records", "SFTConfig")
 
 
 def _paths(key: str, paths) -> list[str]:
@@ -36,17 +33,61 @@ def _paths(key: str, paths) -> list[str]:
 
 
 def sft(args: argparse.Namespace) -> int:
-    from groundup.config import inputs_and_overrides
     from groundup.posttrain.config import SFTConfig
     from groundup.posttrain.sft import sft as run_sft
-    from groundup.train.commands import load_run_config, print_summary
+    from groundup.train.commands import print_summary
+
+    cfg = _stage_config(SFTConfig, "sft", args)
+    return print_summary(run_sft(cfg, args.resume or args.out, resume=args.resume is not None), "sft")
+
+
+def _data_arguments(p: argparse.ArgumentParser, what: str, config: str) -> None:
+    p.add_argument("--base", default=None, help="the model to train: a model or run directory (an SFT run), an "
+                   "imported model")
+    p.add_argument("--data", nargs="+", type=Path, default=None, help=what)
+    p.add_argument("--eval-data", nargs="+", type=Path, default=None, help="held-out files (default: records whose "
+                   "split is 'heldout', else val_fraction of the data)")
+    _run_arguments(p, config)
+
+
+def _stage_config(cls, section: str, args: argparse.Namespace):
+    import json
+
+    from groundup.config import inputs_and_overrides
+    from groundup.train.commands import load_run_config
 
     data, moved = inputs_and_overrides(args.data or [])
     args.overrides = moved + list(args.overrides)
-    extra = _paths("sft.data", data) + _paths("sft.eval_data", args.eval_data)
-    extra += [f"base={__import__('json').dumps(args.base)}"] if args.base else []
-    cfg = load_run_config(SFTConfig, args, extra)
-    return print_summary(run_sft(cfg, args.resume or args.out, resume=args.resume is not None), "sft")
+    extra = _paths(f"{section}.data", data) + _paths(f"{section}.eval_data", getattr(args, "eval_data", None))
+    extra += [f"base={json.dumps(args.base)}"] if args.base else []
+    return load_run_config(cls, args, extra)
+
+
+def dpo_arguments(p: argparse.ArgumentParser) -> None:
+    _data_arguments(p, "JSONL/Parquet preference pairs: prompt, chosen, rejected (text or messages; or chosen and "
+                       "rejected conversations sharing their prompt)", "DPOConfig")
+
+
+def dpo(args: argparse.Namespace) -> int:
+    from groundup.posttrain.align import dpo as run
+    from groundup.posttrain.config import DPOConfig
+    from groundup.train.commands import print_summary
+
+    cfg = _stage_config(DPOConfig, "dpo", args)
+    return print_summary(run(cfg, args.resume or args.out, resume=args.resume is not None), "dpo")
+
+
+def kto_arguments(p: argparse.ArgumentParser) -> None:
+    _data_arguments(p, "JSONL/Parquet feedback: prompt, completion, label (true = desirable)", "KTOConfig")
+
+
+def kto(args: argparse.Namespace) -> int:
+    from groundup.posttrain.align import kto as run
+    from groundup.posttrain.config import KTOConfig
+    from groundup.train.commands import print_summary
+
+    cfg = _stage_config(KTOConfig, "kto", args)
+    return print_summary(run(cfg, args.resume or args.out, resume=args.resume is not None), "kto")
 
 
 def merge_arguments(p: argparse.ArgumentParser) -> None:

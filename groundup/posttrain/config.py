@@ -69,20 +69,88 @@ class SFTDataConfig:
 
 
 @dataclass
-class SFTConfig(TrainConfig):
-    base: str = ""  # the model to fine-tune: a model directory, run directory, imported HF/GGUF model (--base)
+class PostTrainConfig(TrainConfig):
+    """What every post-training verb shares: the base model, fine-tuning defaults, LoRA."""
+
+    base: str = ""  # the model to train: a model directory, run directory, imported HF/GGUF model (--base)
     train: PostTrainLoopConfig = field(default_factory=_sft_loop)
     schedule: ScheduleConfig = field(default_factory=_sft_schedule)
     eval: EvalConfig = field(default_factory=_sft_eval)
-    sft: SFTDataConfig = field(default_factory=SFTDataConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
 
-    verb: ClassVar[str] = "sft"
-    incompatible_keys: ClassVar[tuple[str, ...]] = INCOMPATIBLE + ("sft.loss_on", "sft.packing", "sft.seed",
-                                                                   "lora.", "base")
+    incompatible_keys: ClassVar[tuple[str, ...]] = INCOMPATIBLE + ("lora.", "base")
 
     def validate(self) -> None:
-        if self.sft.replay_fraction and not self.data.shards:
-            fail("sft.replay_fraction", self.sft.replay_fraction, "0 unless data.shards names pretraining shards")
         if self.lora.enabled and self.distributed.strategy == "fsdp":
             fail("distributed.strategy", "fsdp", "'ddp' with LoRA (the adapters are small; the base stays whole)")
+
+
+@dataclass
+class SFTConfig(PostTrainConfig):
+    sft: SFTDataConfig = field(default_factory=SFTDataConfig)
+
+    verb: ClassVar[str] = "sft"
+    incompatible_keys: ClassVar[tuple[str, ...]] = PostTrainConfig.incompatible_keys + (
+        "sft.loss_on", "sft.packing", "sft.seed")
+
+    def validate(self) -> None:
+        super().validate()
+        if self.sft.replay_fraction and not self.data.shards:
+            fail("sft.replay_fraction", self.sft.replay_fraction, "0 unless data.shards names pretraining shards")
+
+
+@dataclass
+class PreferenceDataConfig:
+    data: list[str] = field(default_factory=list)  # JSONL/Parquet files (--data)
+    eval_data: list[str] = field(default_factory=list)  # held-out files; none: records marked split="heldout"
+    val_fraction: float = 0.05  # share held out when no record says its split (by a hash of the prompt)
+    epochs: float = 1.0  # passes over the data; train.max_steps = 0 derives the steps from it
+    beta: float = 0.1  # strength of the pull toward the reference model
+    seed: int = 0  # of the held-out split and the example order
+
+    def validate(self) -> None:
+        if not 0 <= self.val_fraction < 1:
+            fail("val_fraction", self.val_fraction, "a number in [0, 1)")
+        if self.epochs <= 0:
+            fail("epochs", self.epochs, "a positive number")
+        if self.beta <= 0:
+            fail("beta", self.beta, "a positive number")
+
+
+@dataclass
+class DPOSection(PreferenceDataConfig):
+    loss: Literal["sigmoid", "ipo", "hinge"] = "sigmoid"
+    label_smoothing: float = 0.0  # sigmoid only: the assumed share of flipped labels (conservative DPO)
+
+    def validate(self) -> None:
+        super().validate()
+        if not 0 <= self.label_smoothing < 0.5:
+            fail("label_smoothing", self.label_smoothing, "a number in [0, 0.5)")
+
+
+@dataclass
+class KTOSection(PreferenceDataConfig):
+    desirable_weight: float = 1.0  # λ_D: weight of desirable examples' losses
+    undesirable_weight: float = 1.0  # λ_U: weight of undesirable examples'
+
+
+def _preference_schedule() -> ScheduleConfig:
+    return ScheduleConfig(kind="cosine", peak_lr=5e-6, min_lr=5e-7, warmup_steps=10, warmup_max_fraction=0.1)
+
+
+@dataclass
+class DPOConfig(PostTrainConfig):
+    schedule: ScheduleConfig = field(default_factory=_preference_schedule)
+    dpo: DPOSection = field(default_factory=DPOSection)
+
+    verb: ClassVar[str] = "dpo"
+    incompatible_keys: ClassVar[tuple[str, ...]] = PostTrainConfig.incompatible_keys + ("dpo.loss", "dpo.seed")
+
+
+@dataclass
+class KTOConfig(PostTrainConfig):
+    schedule: ScheduleConfig = field(default_factory=_preference_schedule)
+    kto: KTOSection = field(default_factory=KTOSection)
+
+    verb: ClassVar[str] = "kto"
+    incompatible_keys: ClassVar[tuple[str, ...]] = PostTrainConfig.incompatible_keys + ("kto.seed",)

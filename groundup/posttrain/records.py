@@ -46,7 +46,7 @@ class BadRecord(ValueError):
     """A record that no accepted format describes (the reason is the message)."""
 
 
-def _messages(value, key: str) -> list[dict]:
+def parse_messages(value, key: str) -> list[dict]:
     if not isinstance(value, list) or not value:
         raise BadRecord(f"'{key}' must be a non-empty list of {{role, content}} messages")
     out = []
@@ -75,7 +75,7 @@ def to_example(record: dict) -> Example:
     meta = {k: v for k, v in record.items() if not k.startswith("_") and k not in (
         "messages", "prompt", "completion", "conversations", "instruction", "input", "output")}
     if "messages" in record:
-        messages = _messages(record["messages"], "messages")
+        messages = parse_messages(record["messages"], "messages")
         _check_turns(messages, "messages")
         return Example(rid, "messages", messages, completion_at=len(messages) - 1, meta=meta)
     if "prompt" in record or "completion" in record:
@@ -85,7 +85,7 @@ def to_example(record: dict) -> Example:
                 raise BadRecord("'completion' is empty")
             return Example(rid, "prompt-completion", prompt_text=prompt, completion_text=completion, meta=meta)
         if isinstance(prompt, list) and isinstance(completion, list):
-            p, c = _messages(prompt, "prompt"), _messages(completion, "completion")
+            p, c = parse_messages(prompt, "prompt"), parse_messages(completion, "completion")
             _check_turns(p + c, "prompt + completion")
             if any(m["role"] != "assistant" for m in c):
                 raise BadRecord("'completion' messages must all be the assistant's")
