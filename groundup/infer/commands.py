@@ -16,6 +16,7 @@ def _model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", required=True,
                    help="a model directory (with tokenizer/ inside) or a training run directory (uses its latest checkpoint)")
     p.add_argument("--tokenizer", default=None, help="tokenizer directory (default: found beside the checkpoint)")
+    p.add_argument("--adapter", default=None, help="a LoRA adapter (adapter directory or LoRA run) on the checkpoint")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default: cpu)")
     p.add_argument("--dtype", default="float32", help="float32 or bfloat16 (default: float32)")
     p.add_argument("--compile", action="store_true",
@@ -61,7 +62,7 @@ def _generator(args: argparse.Namespace):
         torch.set_num_threads(args.threads)
 
     return Generator.from_checkpoint(args.checkpoint, device=args.device, dtype=args.dtype, compile=args.compile,
-                                     tokenizer=args.tokenizer)
+                                     tokenizer=args.tokenizer, adapter=args.adapter)
 
 
 # ---------------------------------------------------------------------- generate
@@ -74,6 +75,10 @@ def generate_arguments(p: argparse.ArgumentParser) -> None:
     src.add_argument("--prompts-file", type=Path, default=None, help="a text file: one prompt per line; blank lines are skipped")
     p.add_argument("--batch-size", type=int, default=8, help="prompts decoded together (default: 8)")
     p.add_argument("--json", action="store_true", help="print one JSON object per completion instead of text")
+    p.add_argument("--best-of", type=int, default=None, metavar="N", help="sample N completions per prompt and keep "
+                   "the one the --reward scores highest")
+    p.add_argument("--reward", action="append", default=None, metavar="NAME[=WEIGHT]",
+                   help="with --best-of: rm:PATH (a reward model), a shipped reward or module:function")
     _sampling_arguments(p, max_new_tokens=128)
 
 
@@ -97,6 +102,8 @@ def generate(args: argparse.Namespace) -> int:
         raise DataError(f"--batch-size {args.batch_size}: expected a positive integer")
     prompts = _read_prompts(args)
     sampling = _sampling(args)
+    if args.best_of is not None:
+        return _best_of(args, prompts, sampling)
     gen = _generator(args)
     start, n_tokens = time.perf_counter(), 0
     if len(prompts) == 1 and not args.json:  # one prompt: stream it as it is written
@@ -120,6 +127,29 @@ def generate(args: argparse.Namespace) -> int:
     seconds = time.perf_counter() - start
     tokens = "" if n_tokens is None else f", {n_tokens} tokens ({n_tokens / seconds:.0f}/s)"
     print(f"{len(prompts)} completion{'s' if len(prompts) > 1 else ''}{tokens} in {seconds:.1f}s", file=sys.stderr)
+    return 0
+
+
+def _best_of(args: argparse.Namespace, prompts: list[str], sampling) -> int:
+    """Best-of-n sampling: n completions per prompt, the highest-scored printed with its score."""
+    from groundup.errors import ConfigError
+    from groundup.posttrain.rewards import load_rewards, parse_reward_args, score
+
+    if args.best_of < 1 or not args.reward:
+        raise ConfigError("--best-of N needs N >= 1 and at least one --reward", key="best_of")
+    if sampling.temperature == 0 and args.best_of > 1:
+        raise ConfigError("--best-of with --temperature 0 samples the same completion N times", key="temperature")
+    rewards = load_rewards(*parse_reward_args(args.reward))
+    gen = _generator(args)
+    for i, prompt in enumerate(prompts):
+        outs = gen.complete([prompt] * args.best_of, sampling)
+        scored = [(score(rewards, prompt, c.text, {})[0], -k, c) for k, c in enumerate(outs)]
+        best, _, c = max(scored, key=lambda x: x[:2])
+        if args.json:
+            print(json.dumps({"index": i, "prompt": prompt, "completion": c.text, "score": best,
+                              "scores": [s for s, _, _ in scored]}, ensure_ascii=False), flush=True)
+        else:
+            print(f"{'' if i == 0 else chr(10)}--- {i} (best of {args.best_of}, score {best:.4g})\n{prompt}{c.text}")
     return 0
 
 

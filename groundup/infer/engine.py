@@ -45,6 +45,7 @@ class Completion:
     prompt_tokens: int  # after truncation
     logprobs: list[float] | None = None  # with SamplingConfig.logprobs: log p of each id in token_ids
     top_logprobs: list[list[tuple[int, float]]] | None = None  # with top_logprobs = k: the k likeliest per step
+    entropies: list[float] | None = None  # with SamplingConfig.logprobs: the entropy of each step's distribution
 
 
 class Generator:
@@ -68,12 +69,13 @@ class Generator:
     @classmethod
     def from_checkpoint(cls, path: str | Path, device: str | torch.device = "cpu",
                         dtype: str | torch.dtype = "float32", compile: bool = False,
-                        tokenizer: str | Path | None = None) -> "Generator":
+                        tokenizer: str | Path | None = None, adapter: str | Path | None = None) -> "Generator":
         """A model directory (MODEL/tokenizer beside it) or a training run (its latest checkpoint and
-        RUN/tokenizer); `tokenizer` overrides where the tokenizer is found."""
+        RUN/tokenizer); `tokenizer` overrides where the tokenizer is found; `adapter` adds a LoRA adapter
+        (merged: decoding runs at the base model's speed)."""
         from groundup.infer.loading import load_for_inference
 
-        model, tok = load_for_inference(path, device, dtype, tokenizer)
+        model, tok = load_for_inference(path, device, dtype, tokenizer, adapter=adapter, merge=adapter is not None)
         return cls(model, tok, compile=compile)
 
     # ------------------------------------------------------------------ public API
@@ -102,8 +104,9 @@ class Generator:
         for b, (s, r) in enumerate(zip(streams, rows)):
             c = Completion(s.text, s.token_ids, s.finish_reason, len(r))
             if scores is not None:
-                c.logprobs = [lp for lp, _ in scores[b]]
-                c.top_logprobs = [top for _, top in scores[b]] if cfg.top_logprobs else None
+                c.logprobs = [lp for lp, _, _ in scores[b]]
+                c.top_logprobs = [top for _, top, _ in scores[b]] if cfg.top_logprobs else None
+                c.entropies = [h for _, _, h in scores[b]]
             out.append(c)
         return out
 

@@ -110,15 +110,16 @@ class Sampler:
             self.seen.scatter_(1, tokens[:, None], True)
         return tokens
 
-    def scores(self, logits: torch.Tensor, tokens: torch.Tensor) -> list[tuple[float, list[tuple[int, float]] | None]]:
-        """Per row, (log p of the chosen token, [(id, log p)] of the k likeliest) under the model's own
-        distribution: before the penalty, temperature and filters, as vLLM's raw log-probs."""
+    def scores(self, logits: torch.Tensor, tokens: torch.Tensor) -> list[tuple[float, list | None, float]]:
+        """Per row, (log p of the chosen token, [(id, log p)] of the k likeliest or None, the entropy) under
+        the model's own distribution: before the penalty, temperature and filters, as vLLM's raw log-probs."""
         logp = torch.log_softmax(logits[:, : self.vocab_size].float(), dim=-1)
         chosen = logp.gather(1, tokens[:, None]).squeeze(1).tolist()
+        entropy = (-(logp.exp() * logp).sum(-1)).tolist()
         if not self.cfg.top_logprobs:
-            return [(lp, None) for lp in chosen]
+            return [(lp, None, h) for lp, h in zip(chosen, entropy)]
         values, ids = logp.topk(self.cfg.top_logprobs, dim=-1)
-        return [(lp, list(zip(i, v))) for lp, i, v in zip(chosen, ids.tolist(), values.tolist())]
+        return [(lp, list(zip(i, v)), h) for lp, i, v, h in zip(chosen, ids.tolist(), values.tolist(), entropy)]
 
 
 def filtered_probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:

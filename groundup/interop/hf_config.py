@@ -42,6 +42,8 @@ def _refuse(key: str, value, why: str):
 
 def choose_architecture(cfg: ModelConfig, expert_bias_is_zero: bool = True) -> str:
     """The model_type that computes exactly what `cfg` does, or ConfigError naming the obstacle."""
+    if cfg.value_head:
+        _refuse("value_head", True, "a reward model is not a causal language model; groundup exports causal LMs")
     if cfg.norm != "rmsnorm":
         _refuse("norm", cfg.norm, "the RoPE architectures transformers runs natively (Llama, Qwen3, Gemma, "
                 "Mixtral, DeepSeek) all use RMSNorm")

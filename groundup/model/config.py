@@ -74,6 +74,7 @@ class ModelConfig:
     bias: bool = False  # biases in linear layers and LayerNorm (GPT-2)
     qkv_bias: bool = False  # biases on the q, k and v projections only (Qwen2/2.5); implied by bias
     dropout: float = 0.0
+    value_head: bool = False  # a reward model: a scalar head on the last token's final hidden state
 
     # Initialisation: "normal" = N(0, init_std) with residual projections scaled by
     # 1/sqrt(2*n_layers) (GPT-2); the others are the torch.nn.init schemes of the same names.

@@ -21,8 +21,10 @@ never adapted.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass, field
+from typing import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -104,6 +106,7 @@ class LoRALinear(nn.Module):
             _init_a(a)
         self.dropout = nn.Dropout(dropout) if dropout else nn.Identity()
         self.merged = False
+        self.disabled = False  # adapters_disabled(): the base alone (a reference model for free)
 
     @property
     def in_features(self) -> int:
@@ -122,7 +125,7 @@ class LoRALinear(nn.Module):
     def weight(self) -> torch.Tensor:
         """The effective weight (code that reads a projection's weight, e.g. MLA's absorbed decoding)."""
         w = self.base.weight
-        return w if self.merged else w + self.delta().to(w.dtype)
+        return w if self.merged or self.disabled else w + self.delta().to(w.dtype)
 
     @property
     def bias(self):
@@ -130,7 +133,7 @@ class LoRALinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.base(x)
-        if self.merged:
+        if self.merged or self.disabled:
             return y
         u = F.linear(self.dropout(x), self.lora_A.to(x.dtype))  # (..., parts * rank)
         if len(self.parts) == 1:
@@ -157,12 +160,13 @@ class ExpertLoRA(nn.Module):
         self.lora_B = nn.Parameter(torch.zeros(E, out, rank, device=weight.device))
         for a in self.lora_A.data:
             _init_a(a)
+        self.disabled = False
 
     def delta(self) -> torch.Tensor:
         return torch.bmm(self.lora_B, self.lora_A) * self.scale
 
     def forward(self, weight: torch.Tensor) -> torch.Tensor:
-        return weight + self.delta().to(weight.dtype)
+        return weight if self.disabled else weight + self.delta().to(weight.dtype)
 
 
 def _fused_parts(module: nn.Module, name: str, model_cfg) -> list[int] | None:
@@ -224,6 +228,19 @@ def load_adapter_state(model: nn.Module, state: dict[str, torch.Tensor], where: 
 def _clean(key: str) -> str:
     """A parametrized expert's adapter lives at `...parametrizations.experts_in.0.lora_A`: name it plainly."""
     return key.replace("parametrizations.", "").replace(".0.lora_", ".lora_")
+
+
+@contextlib.contextmanager
+def adapters_disabled(model: nn.Module) -> Iterator[nn.Module]:
+    """The model without its adapters for the duration (the base: DPO/GRPO's reference, no second copy)."""
+    wrapped = [m for m in model.modules() if isinstance(m, (LoRALinear, ExpertLoRA))]
+    for m in wrapped:
+        m.disabled = True
+    try:
+        yield model
+    finally:
+        for m in wrapped:
+            m.disabled = False
 
 
 @torch.no_grad()

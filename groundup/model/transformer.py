@@ -41,6 +41,7 @@ class ModelOutput:
     aux_loss: torch.Tensor | None = None  # MoE load-balancing loss (already scaled by its coefficient)
     logprobs: torch.Tensor | None = None  # (B, T) log p(target), with score="logprobs" (see logprobs.py)
     stats: TokenStats | None = None  # with score="stats"
+    rewards: torch.Tensor | None = None  # (B,) with score="reward": the value head at `reward_index`
 
 
 class Block(nn.Module):
@@ -83,6 +84,7 @@ class Transformer(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
         self.norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.bias) if cfg.norm_placement != "post" else None
         self.lm_head = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.value_head = nn.Linear(cfg.d_model, 1) if cfg.value_head else None  # reward models
         self.grad_checkpointing = False
         self.register_buffer("rope_cos", torch.empty(0), persistent=False)
         self.register_buffer("rope_sin", torch.empty(0), persistent=False)
@@ -138,11 +140,15 @@ class Transformer(nn.Module):
     def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None, *,
                 cache: KVCache | None = None, pad_lens: torch.Tensor | None = None,
                 return_logits: bool | None = None, last_only: bool = False, score: str | None = None,
-                top_k: int = 0, vocab_limit: int | None = None, segments: torch.Tensor | None = None) -> ModelOutput:
+                top_k: int = 0, vocab_limit: int | None = None, segments: torch.Tensor | None = None,
+                reward_index: torch.Tensor | None = None) -> ModelOutput:
         """`last_only`: logits of the last position only (generation's prefill needs no others).
 
         `segments` (B, T): packed examples (fine-tuning); a token attends only within its segment and
         RoPE positions restart at each segment's first token, so each example sees only itself.
+
+        `score="reward"` (a model with a value head): the head's scalar at each row's `reward_index`
+        (the last real token of a right-padded row).
 
         `score` (with targets): "logprobs" returns the per-token log-probabilities of the targets
         (differentiable), "stats" the `TokenStats` (no gradients, `top_k` most likely tokens below
@@ -186,6 +192,11 @@ class Transformer(nn.Module):
             x = x[:, -1:]
         if self.norm is not None:
             x = self.norm(x)
+        if score == "reward":
+            if self.value_head is None or reward_index is None:
+                raise ValueError("score='reward' needs a model with a value head and reward_index")
+            last = x[torch.arange(B, device=x.device), reward_index.to(x.device)]
+            return ModelOutput(rewards=self.value_head(last).squeeze(-1).float())
         if score is not None:
             return self._score(x, targets, score, top_k, vocab_limit)
         return self._head(x, targets, aux_total, return_logits)

@@ -50,7 +50,7 @@ def _data_arguments(p: argparse.ArgumentParser, what: str, config: str) -> None:
     _run_arguments(p, config)
 
 
-def _stage_config(cls, section: str, args: argparse.Namespace):
+def _stage_config(cls, section: str, args: argparse.Namespace, data_key: str = "data", eval_key: str = "eval_data"):
     import json
 
     from groundup.config import inputs_and_overrides
@@ -58,7 +58,7 @@ def _stage_config(cls, section: str, args: argparse.Namespace):
 
     data, moved = inputs_and_overrides(args.data or [])
     args.overrides = moved + list(args.overrides)
-    extra = _paths(f"{section}.data", data) + _paths(f"{section}.eval_data", getattr(args, "eval_data", None))
+    extra = _paths(f"{section}.{data_key}", data) + _paths(f"{section}.{eval_key}", getattr(args, "eval_data", None))
     extra += [f"base={json.dumps(args.base)}"] if args.base else []
     return load_run_config(cls, args, extra)
 
@@ -88,6 +88,74 @@ def kto(args: argparse.Namespace) -> int:
 
     cfg = _stage_config(KTOConfig, "kto", args)
     return print_summary(run(cfg, args.resume or args.out, resume=args.resume is not None), "kto")
+
+
+def grpo_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--base", default=None, help="the policy to start from (usually an SFT run or model)")
+    p.add_argument("--prompts", nargs="+", type=Path, default=None, help="JSONL/Parquet prompts: prompt (text or "
+                   "messages) or messages (a final assistant message is dropped), plus fields rewards read (answer)")
+    p.add_argument("--eval-prompts", nargs="+", type=Path, default=None, help="held-out prompts")
+    p.add_argument("--reward", action="append", default=None, metavar="NAME[=WEIGHT]",
+                   help="a shipped reward (exact_match, exact_match_lenient, format_answer, code) or module:function, "
+                        "optionally =weight; repeat to combine")
+    _run_arguments(p, "GRPOConfig")
+
+
+def grpo(args: argparse.Namespace) -> int:
+    from groundup.posttrain.config import GRPOConfig
+    from groundup.posttrain.grpo import grpo as run
+    from groundup.train.commands import print_summary
+
+    args.data, args.eval_data = args.prompts, args.eval_prompts
+    args.overrides = _reward_overrides("grpo", args.reward) + list(args.overrides)
+    cfg = _stage_config(GRPOConfig, "grpo", args, data_key="prompts", eval_key="eval_prompts")
+    return print_summary(run(cfg, args.resume or args.out, resume=args.resume is not None), "grpo")
+
+
+def rm_arguments(p: argparse.ArgumentParser) -> None:
+    _data_arguments(p, "JSONL/Parquet preference pairs: prompt, chosen, rejected (text or messages)", "RMConfig")
+
+
+def rm(args: argparse.Namespace) -> int:
+    from groundup.posttrain.config import RMConfig
+    from groundup.posttrain.reward_model import rm as run
+    from groundup.train.commands import print_summary
+
+    cfg = _stage_config(RMConfig, "rm", args)
+    return print_summary(run(cfg, args.resume or args.out, resume=args.resume is not None), "rm")
+
+
+def _reward_overrides(section: str, rewards: list[str] | None) -> list[str]:
+    import json
+
+    from groundup.posttrain.rewards import parse_reward_args
+
+    if not rewards:
+        return []
+    names, weights = parse_reward_args(rewards)
+    return [f"{section}.rewards={json.dumps(names)}", f"{section}.reward_weights={json.dumps(weights)}"]
+
+
+def rft_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--base", default=None, help="the model to start from (usually an SFT run or model)")
+    p.add_argument("--prompts", nargs="+", type=Path, default=None, help="JSONL/Parquet prompt records (as grpo's)")
+    p.add_argument("--eval-prompts", nargs="+", type=Path, default=None, help="held-out prompts")
+    p.add_argument("--reward", action="append", default=None, metavar="NAME[=WEIGHT]", help="as grpo's --reward")
+    p.add_argument("--out", required=True, type=Path, help="directory of the rounds (a rerun continues it)")
+    p.add_argument("--config", type=Path, default=None, help="TOML file of RFTConfig sections")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("overrides", nargs="*", help="section.key=value, e.g. rft.rounds=2 rft.samples=8")
+
+
+def rft(args: argparse.Namespace) -> int:
+    from groundup.posttrain.config import RFTConfig
+    from groundup.posttrain.rft import rft as run
+
+    args.resume, args.data, args.eval_data = None, args.prompts, args.eval_prompts
+    args.overrides = _reward_overrides("rft", args.reward) + list(args.overrides)
+    cfg = _stage_config(RFTConfig, "rft", args, data_key="prompts", eval_key="eval_prompts")
+    run(cfg, args.out)
+    return 0
 
 
 def merge_arguments(p: argparse.ArgumentParser) -> None:

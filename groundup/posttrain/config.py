@@ -154,3 +154,96 @@ class KTOConfig(PostTrainConfig):
 
     verb: ClassVar[str] = "kto"
     incompatible_keys: ClassVar[tuple[str, ...]] = PostTrainConfig.incompatible_keys + ("kto.seed",)
+
+
+@dataclass
+class GRPOSection:
+    prompts: list[str] = field(default_factory=list)  # JSONL/Parquet: prompt (text or messages) or messages + fields
+    eval_prompts: list[str] = field(default_factory=list)  # held-out prompts; none: split="heldout" records
+    rewards: list[str] = field(default_factory=lambda: ["exact_match"])  # shipped names or module:function
+    reward_weights: list[float] = field(default_factory=list)  # one per reward; empty: all 1
+    group_size: int = 8  # G completions sampled per prompt
+    prompts_per_batch: int = 4  # prompts per micro-batch (a micro-batch holds prompts_per_batch x G sequences)
+    iterations: int = 1  # optimisation passes per batch of samples (TRL's num_iterations, GRPO's mu)
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    top_p: float = 1.0
+    epsilon: float = 0.2  # clip range of the probability ratio (low side)
+    epsilon_high: float = 0.0  # high side; 0: = epsilon (DAPO uses 0.28)
+    beta: float = 0.0  # weight of the k3 KL to the reference; 0 = no reference model at all
+    scale_rewards: bool = True  # divide advantages by the group's standard deviation; false = Dr. GRPO
+    loss_aggregation: Literal["sequence", "token", "dr_grpo"] = "sequence"  # GRPO; DAPO's per token; Dr. GRPO's
+    max_resample: int = 8  # batches drawn again when every group's rewards are all equal (nothing to learn)
+    eval_count: int = 64  # held-out prompts answered greedily at each evaluation
+    seed: int = 0
+
+    def validate(self) -> None:
+        for key in ("group_size", "prompts_per_batch", "iterations", "max_new_tokens", "max_resample"):
+            if getattr(self, key) < 1:
+                fail(key, getattr(self, key), "a positive integer")
+        if self.group_size < 2:
+            fail("group_size", self.group_size, "at least 2 (advantages compare completions of one prompt)")
+        if not 0 < self.epsilon < 1 or not 0 <= self.epsilon_high < 10:
+            fail("epsilon", self.epsilon, "a number in (0, 1) (and epsilon_high in [0, 10))")
+        if self.beta < 0 or self.temperature < 0 or not 0 < self.top_p <= 1:
+            fail("beta", self.beta, "beta >= 0, temperature >= 0, top_p in (0, 1]")
+
+
+def _rl_schedule() -> ScheduleConfig:
+    return ScheduleConfig(kind="constant", peak_lr=1e-5, min_lr=0.0, warmup_steps=0)
+
+
+@dataclass
+class GRPOConfig(PostTrainConfig):
+    schedule: ScheduleConfig = field(default_factory=_rl_schedule)
+    grpo: GRPOSection = field(default_factory=GRPOSection)
+
+    verb: ClassVar[str] = "grpo"
+    incompatible_keys: ClassVar[tuple[str, ...]] = PostTrainConfig.incompatible_keys + (
+        "grpo.group_size", "grpo.prompts_per_batch", "grpo.seed")
+
+    def validate(self) -> None:
+        super().validate()
+        if self.distributed.strategy == "fsdp":
+            fail("distributed.strategy", "fsdp", "'ddp' for GRPO (sampling needs the whole model on each process)")
+
+
+@dataclass
+class RMConfig(PostTrainConfig):
+    schedule: ScheduleConfig = field(default_factory=_sft_schedule)
+    rm: PreferenceDataConfig = field(default_factory=PreferenceDataConfig)  # beta is unused here
+
+    verb: ClassVar[str] = "rm"
+    incompatible_keys: ClassVar[tuple[str, ...]] = PostTrainConfig.incompatible_keys + ("rm.seed",)
+
+    def validate(self) -> None:
+        super().validate()
+        if self.lora.enabled:
+            fail("lora.rank", self.lora.rank, "0 for a reward model (its value head trains and is saved whole)")
+
+
+@dataclass
+class RFTSection:
+    prompts: list[str] = field(default_factory=list)  # prompt records (as GRPO's)
+    eval_prompts: list[str] = field(default_factory=list)
+    rewards: list[str] = field(default_factory=lambda: ["exact_match"])
+    reward_weights: list[float] = field(default_factory=list)
+    samples: int = 8  # k completions sampled per prompt
+    threshold: float | None = None  # keep every sample scoring at least this; none: the best per prompt
+    rounds: int = 1  # sample -> keep -> fine-tune, repeated from the last round's model
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    eval_count: int = 64
+    seed: int = 0
+
+    def validate(self) -> None:
+        for key in ("samples", "rounds", "max_new_tokens"):
+            if getattr(self, key) < 1:
+                fail(key, getattr(self, key), "a positive integer")
+
+
+@dataclass
+class RFTConfig(SFTConfig):
+    rft: RFTSection = field(default_factory=RFTSection)
+
+    verb: ClassVar[str] = "rft"

@@ -102,8 +102,20 @@ def kl_partner(items: list, i: int, chunk: int) -> int:
     return end - 1 if i == start else i - 1
 
 
+def full_rows(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(whole rows right-padded, the position of each row's last token): what a reward model reads."""
+    x = torch.full((len(seqs), max(len(s) for s in seqs)), pad_id, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        x[i, : len(s)] = torch.tensor(s)
+    return x, torch.tensor([len(s) - 1 for s in seqs])
+
+
 def make_batch(items: list, kind: str, pad_id: int, all_items: list, chunk: int | None = None) -> PrefBatch:
+    """A batch of pairs ("dpo"; "rm": whole rows for a reward model) or feedback ("kto")."""
     index = torch.tensor([x.index for x in items])
+    if kind == "rm":
+        inputs, last = full_rows([x.prompt + x.chosen for x in items] + [x.prompt + x.rejected for x in items], pad_id)
+        return PrefBatch(inputs, torch.zeros_like(inputs), index, last)
     if kind == "dpo":
         seqs = [(x.prompt, x.chosen) for x in items] + [(x.prompt, x.rejected) for x in items]
         extra = torch.tensor([[len(x.chosen), len(x.rejected)] for x in items], dtype=torch.float32)

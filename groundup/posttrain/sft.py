@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 from pathlib import Path
 
 import torch
@@ -28,6 +27,7 @@ from groundup.layout import DATA_REPORT_FILE
 from groundup.model.lora import apply_lora
 from groundup.posttrain.config import SFTConfig
 from groundup.posttrain.records import Example, iter_examples
+from groundup.posttrain.rewards import extract_answer
 from groundup.posttrain.run import posttrain_session
 from groundup.posttrain.sft_data import SFTLoader, collate, pack, tokenize
 from groundup.tokens.loader import IGNORE_INDEX, TokenLoader
@@ -35,19 +35,6 @@ from groundup.train.distributed import unwrap
 from groundup.train.loop import run
 from groundup.train.objective import ObjectiveOutput
 from groundup.train.state import build_state
-
-_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
-_ANSWER = re.compile(r"Answer:\s*(-?[\d,]+(?:\.\d+)?)")
-
-
-def extract_answer(text: str, strict: bool) -> str | None:
-    """The answer a reply gives: the `Answer:` line (strict) or the last number in it (lenient)."""
-    if strict:
-        m = _ANSWER.search(text)
-        return m.group(1).replace(",", "") if m else None
-    numbers = _NUMBER.findall(text)
-    return numbers[-1].replace(",", "").rstrip(".") if numbers else None
-
 
 class SFTObjective:
     name = "sft"

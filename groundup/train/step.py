@@ -77,7 +77,8 @@ def train_step(state: TrainState, stop_requested: bool = False) -> StepResult:
     loss = metrics.get("loss", float("nan"))
     params = [p for p in precision.master.parameters() if p.grad is not None]
     norm = total_norm([p.grad for p in params])
-    skipped = "every sequence was dropped by the data gate" if not n_total else state.guard.judge(state.step, loss, norm)
+    skipped = ("nothing to learn from: every sequence was dropped by the data gate or carried no signal" if not n_total
+               else state.guard.judge(state.step, loss, norm))
     broken = False
     clip = cfg.optim.grad_clip
     coef = min(1.0, clip / (norm + 1e-6)) if clip and skipped is None else 1.0

@@ -1,0 +1,135 @@
+"""`rm(cfg, out)`: a reward model (the transformer with a scalar value head) trained on preference
+pairs with the Bradley-Terry loss, and its use as a reward (GRPO, best-of-n sampling).
+
+    loss = -log σ(r(x, y_w) - r(x, y_l))       r: the value head on the completion's last token
+    accuracy = share of pairs with r(x, y_w) > r(x, y_l)   (logged per step; held-out at evaluation)
+
+The model starts from `cfg.base` (an SFT model, usually) with a freshly initialised head; its
+checkpoints are ordinary model directories whose config has `value_head = true`.
+`RewardModelScorer(path)` scores (prompt, completion) texts with it, rendered as a chat turn; the
+reward name `rm:PATH` uses it wherever rewards are accepted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from groundup.errors import DataError
+from groundup.io import atomic_write_json
+from groundup.layout import DATA_REPORT_FILE
+from groundup.model.transformer import Transformer
+from groundup.posttrain.config import RMConfig
+from groundup.posttrain.pairs import read_pairs, split_heldout
+from groundup.posttrain.preference import PrefBatch, PreferenceLoader, full_rows
+from groundup.posttrain.run import posttrain_session
+from groundup.train.loop import run
+from groundup.train.objective import ObjectiveOutput
+from groundup.train.state import build_state
+
+
+def pair_rewards(model, batch: PrefBatch, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rewards of the chosen completions, of the rejected) for a "rm" batch: chosen rows then rejected rows,
+    each read at its last token."""
+    B = len(batch.index)
+    r = model(batch.inputs.to(device), score="reward", reward_index=batch.extra.to(device)).rewards
+    return r[:B], r[B:]
+
+
+class RewardObjective:
+    name = "rm"
+
+    def __init__(self, heldout: list, pad_id: int):
+        self.heldout, self.pad_id = heldout, pad_id
+
+    def units(self, batch: PrefBatch) -> int:
+        return len(batch.index)
+
+    def __call__(self, model, batch: PrefBatch, device) -> ObjectiveOutput:
+        chosen, rejected = pair_rewards(model, batch, device)
+        loss = -F.logsigmoid(chosen - rejected).mean()
+        return ObjectiveOutput(loss, {"loss": loss.detach(), "accuracy": (chosen > rejected).float().mean(),
+                                      "margin": (chosen - rejected).mean().detach()})
+
+    @torch.no_grad()
+    def evaluate(self, state) -> tuple[dict, str]:
+        from groundup.posttrain.preference import make_batch
+
+        record = {"step": state.step, "tokens": state.tokens}
+        if not self.heldout:
+            return record, f"step {state.step}: no held-out pairs"
+        model = state.model
+        was = model.training
+        model.eval()
+        right = 0
+        for i in range(0, len(self.heldout), 16):
+            with state.precision.context():
+                c, r = pair_rewards(model, make_batch(self.heldout[i : i + 16], "rm", self.pad_id, self.heldout),
+                                    state.dist.device)
+            right += int((c > r).sum())
+        model.train(was)
+        record["val_accuracy"] = right / len(self.heldout)
+        return record, f"step {state.step}: held-out pair accuracy {record['val_accuracy']:.3f}"
+
+
+def rm(cfg: RMConfig, out_dir: str | Path, resume: bool = False) -> dict:
+    """Train a reward model from `cfg.base` on `cfg.rm.data` pairs; returns the summary."""
+    out = Path(out_dir)
+    section = cfg.rm
+    with posttrain_session(cfg, out, resume) as s:
+        cfg, d, tok = s.cfg, s.dist, s.tokenizer
+        note = print if d.is_main else (lambda *_: None)
+        if not section.data:
+            raise DataError("no preference pairs: pass --data FILE... (prompt, chosen, rejected)")
+        items, report = read_pairs(section.data, tok, cfg.train.seq_len + 1)
+        if section.eval_data:
+            held, _ = read_pairs(section.eval_data, tok, cfg.train.seq_len + 1)
+            train = items
+        else:
+            train, held = split_heldout(items, section.val_fraction, section.seed)
+        for group in (train, held):
+            for i, x in enumerate(group):
+                x.index = i
+        pad = tok.pad_id if tok.pad_id is not None else tok.eot_id
+        loader = PreferenceLoader(train, "rm", cfg.train.batch_size, pad, seed=section.seed, rank=d.rank,
+                                  world_size=d.world_size)
+        if not cfg.train.max_steps:
+            steps = max(1, math.ceil(section.epochs * len(train) / (cfg.train.batch_size * cfg.train.grad_accum
+                                                                       * d.world_size)))
+            cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, max_steps=steps))
+        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, value_head=True))
+        s.commit(cfg)
+        torch.manual_seed(cfg.train.seed)  # the head's initial weights
+        model = Transformer(cfg.model)
+        missing, unexpected = model.load_state_dict(s.model.state_dict(), strict=False)
+        if unexpected or any(not k.startswith("value_head.") for k in missing):  # a base with a head already
+            raise DataError(f"{cfg.base}: cannot start a reward model from it (unexpected {unexpected[:2]}, "
+                            f"missing {missing[:2]})")
+        note(f"{len(train):,} pairs ({len(held):,} held out), {len(report.skipped):,} skipped, "
+             f"{cfg.train.max_steps:,} steps")
+        state = build_state(cfg, d, RewardObjective(held, pad), loader, tokenizer=tok, run_dir=out, model=model)
+        if d.is_main and not resume:
+            atomic_write_json(out / DATA_REPORT_FILE, {**report.to_dict(), "train": len(train), "heldout": len(held)})
+        return run(state, resume=resume, changes=s.changes, stop=s.stop, began=s.began)
+
+
+class RewardModelScorer:
+    """`scorer(prompt, completion) -> float`: a trained reward model's score of one chat turn."""
+
+    def __init__(self, path: str | Path, device: str = "cpu"):
+        from groundup.infer.loading import load_for_inference
+
+        self.model, self.tok = load_for_inference(path, device=device)
+        if self.model.value_head is None:
+            raise DataError(f"{path}: not a reward model (its config has no value head); train one with 'groundup rm'")
+        self.device = device
+
+    @torch.no_grad()
+    def __call__(self, prompt: str, completion: str, **_) -> float:
+        full, _ = self.tok.render_chat([{"role": "user", "content": prompt}, {"role": "assistant", "content": completion}])
+        x, last = full_rows([full], self.tok.eot_id)
+        return float(self.model(x.to(self.device), score="reward", reward_index=last.to(self.device)).rewards[0])

@@ -1,0 +1,130 @@
+"""Rewards: Python functions `f(prompt, completion, **fields) -> float`, combined with weights.
+
+    rewards = load_rewards(["exact_match", "format_answer", "my_rewards:brevity"], weights=[1.0, 0.2, 0.1])
+    total, parts, error = score(rewards, prompt, completion, {"answer": "42"})
+
+A reward is named by `module:function` (any importable module, e.g. a file on PYTHONPATH), by
+`rm:PATH` (a reward model trained with `groundup rm`), or by a shipped name:
+    exact_match / exact_match_strict   1 if the `Answer: N` line equals the record's `answer`
+    exact_match_lenient                1 if the last number in the completion equals `answer`
+    format_answer                      1 if the completion has an `Answer: N` line (a format reward)
+    code                               1 if `prompt + completion` passes the record's `tests` in the
+                                       evaluation sandbox (a separate process with limits, never exec)
+Extra fields of the prompt's record (answer, tests, entry_point, ...) are passed as keyword arguments.
+A reward that raises or returns something other than a finite number scores 0 for that completion,
+and the failure is counted and reported with the record (`error`), never a crash of the run.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import re
+from dataclasses import dataclass
+from typing import Callable
+
+from groundup.config import ConfigError, did_you_mean
+from groundup.eval.sandbox import check_completion
+
+RewardFn = Callable[..., float]
+_ANSWER_LINE = re.compile(r"Answer:\s*-?[\d,]+")
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+_ANSWER = re.compile(r"Answer:\s*(-?[\d,]+(?:\.\d+)?)")
+
+
+def extract_answer(text: str, strict: bool) -> str | None:
+    """The answer a reply gives: the `Answer:` line (strict) or the last number in it (lenient)."""
+    if strict:
+        m = _ANSWER.search(text)
+        return m.group(1).replace(",", "") if m else None
+    numbers = _NUMBER.findall(text)
+    return numbers[-1].replace(",", "").rstrip(".") if numbers else None
+
+
+def exact_match(prompt: str, completion: str, answer=None, **_) -> float:
+    return float(answer is not None and extract_answer(completion, True) == str(answer).replace(",", ""))
+
+
+def exact_match_lenient(prompt: str, completion: str, answer=None, **_) -> float:
+    return float(answer is not None and extract_answer(completion, False) == str(answer).replace(",", ""))
+
+
+def format_answer(prompt: str, completion: str, **_) -> float:
+    return float(bool(_ANSWER_LINE.search(completion)))
+
+
+def code(prompt: str, completion: str, tests: str | None = None, entry_point: str | None = None, **_) -> float:
+    if not tests:
+        return 0.0
+    return float(check_completion(prompt, completion, tests, entry_point, timeout=10.0).passed)
+
+
+SHIPPED: dict[str, RewardFn] = {"exact_match": exact_match, "exact_match_strict": exact_match,
+                                "exact_match_lenient": exact_match_lenient, "format_answer": format_answer,
+                                "code": code}
+
+
+@dataclass
+class Reward:
+    name: str
+    fn: RewardFn
+    weight: float = 1.0
+
+
+def load_reward(spec: str) -> RewardFn:
+    """A shipped reward by name, `rm:PATH` (a reward model), or `module:function`; ConfigError naming what is wrong."""
+    if spec in SHIPPED:
+        return SHIPPED[spec]
+    if spec.startswith("rm:"):
+        from groundup.posttrain.reward_model import RewardModelScorer  # loads a model: only when asked for
+
+        return RewardModelScorer(spec[3:])
+    if ":" not in spec:
+        raise ConfigError(f"reward {spec!r}: expected a shipped reward ({', '.join(SHIPPED)}) or module:function"
+                          f"{did_you_mean(spec, SHIPPED)}", key="rewards")
+    module_name, func_name = spec.split(":", 1)
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ConfigError(f"reward {spec!r}: cannot import {module_name!r} ({e})", key="rewards") from None
+    fn = getattr(module, func_name, None)
+    if not callable(fn):
+        raise ConfigError(f"reward {spec!r}: {module_name} has no function {func_name!r}", key="rewards")
+    return fn
+
+
+def load_rewards(specs: list[str], weights: list[float] | None = None) -> list[Reward]:
+    if not specs:
+        raise ConfigError("no reward given: name at least one (e.g. exact_match)", key="rewards")
+    weights = list(weights or [1.0] * len(specs))
+    if len(weights) != len(specs):
+        raise ConfigError(f"{len(weights)} reward weights for {len(specs)} rewards", key="reward_weights")
+    return [Reward(s, load_reward(s), float(w)) for s, w in zip(specs, weights)]
+
+
+def score(rewards: list[Reward], prompt: str, completion: str, fields: dict) -> tuple[float, dict[str, float], str | None]:
+    """(weighted total, each reward's value, the first failure or None)."""
+    parts, error = {}, None
+    for r in rewards:
+        try:
+            value = float(r.fn(prompt, completion, **fields))
+            if not math.isfinite(value):
+                raise ValueError(f"returned {value}")
+        except Exception as e:  # noqa: BLE001 - a user's reward may raise anything; one sample pays, not the run
+            value = 0.0
+            error = error or f"{r.name}: {type(e).__name__}: {e}"
+        parts[r.name] = value
+    return sum(r.weight * parts[r.name] for r in rewards), parts, error
+
+
+def parse_reward_args(args: list[str]) -> tuple[list[str], list[float]]:
+    """`NAME[=WEIGHT]` command-line rewards as (names, weights); `rm:PATH` may itself hold "="."""
+    names, weights = [], []
+    for a in args:
+        name, sep, weight = a.rpartition("=") if "=" in a and not a.startswith("rm:") else (a, "", "")
+        try:
+            weights.append(float(weight) if sep else 1.0)
+        except ValueError:
+            raise ConfigError(f"--reward {a!r}: expected NAME or NAME=WEIGHT with a number", key="rewards") from None
+        names.append(name)
+    return names, weights

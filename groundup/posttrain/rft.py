@@ -1,0 +1,89 @@
+"""`rft(cfg, out)`: rejection-sampling fine-tuning (reinforcement fine-tuning with a grader), in rounds.
+
+    round r:  sample k completions of every prompt from the current model
+              -> score them with the rewards -> keep the best per prompt (or all above a threshold)
+              -> SFT on the kept completions, starting from the current model -> the next model
+
+    OUT/round_01/samples.jsonl   the kept completions (chat records, with their reward)
+    OUT/round_01/run/            the round's SFT run (resumable like any run)
+    OUT/rounds.json              per round: mean reward of the samples, kept, held-out greedy reward
+
+A rerun skips finished rounds and resumes an interrupted one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from groundup.errors import DataError
+from groundup.infer import Generator
+from groundup.infer.loading import load_for_inference
+from groundup.io import atomic_write_json, ensure_writable_dir, read_json
+from groundup.layout import SUMMARY_FILE, is_run_dir
+from groundup.posttrain.config import RFTConfig
+from groundup.posttrain.rewards import load_rewards, score
+from groundup.posttrain.rollout import read_prompts
+from groundup.posttrain.sampled_data import best_completions, write_jsonl
+from groundup.posttrain.sft import sft
+
+ROUNDS_FILE = "rounds.json"
+
+
+def _heldout_reward(model, tok, prompts, rewards, max_new: int) -> float | None:
+    if not prompts:
+        return None
+    gen = Generator(model, tok)
+    outs = gen.complete_ids([p.ids for p in prompts], max_new_tokens=max_new, temperature=0)
+    return sum(score(rewards, p.text, o.text, p.fields)[0] for p, o in zip(prompts, outs)) / len(prompts)
+
+
+def rft(cfg: RFTConfig, out_dir: str | Path) -> list[dict]:
+    """Run `cfg.rft.rounds` rounds into `out_dir` (finished rounds are reused); returns their records."""
+    out = ensure_writable_dir(out_dir)
+    r = cfg.rft
+    rewards = load_rewards(r.rewards, r.reward_weights)
+    if not r.prompts:
+        raise DataError("no prompts: pass --prompts FILE... (prompt or messages records, + the fields rewards read)")
+    history = read_json(out / ROUNDS_FILE, expect=list) if (out / ROUNDS_FILE).is_file() else []
+    current = cfg.base
+    for n in range(1, r.rounds + 1):
+        round_dir = out / f"round_{n:02d}"
+        run_dir = round_dir / "run"
+        done = run_dir / SUMMARY_FILE
+        if n <= len(history) and done.is_file():
+            current = str(run_dir)
+            continue
+        model, tok = load_for_inference(current, device="cpu", merge=True)
+        context = model.cfg.max_seq_len - r.max_new_tokens
+        prompts, held, bad = read_prompts(r.prompts, tok, context)
+        if r.eval_prompts:
+            held = read_prompts(r.eval_prompts, tok, context)[0]
+        held = held[: r.eval_count]
+        samples = round_dir / "samples.jsonl"
+        if not samples.is_file():
+            errors: list[str] = []
+            kept, stats = best_completions(Generator(model, tok), prompts, rewards, r.samples, r.threshold, errors,
+                                           max_new_tokens=r.max_new_tokens, temperature=r.temperature,
+                                           seed=r.seed + n)
+            if not kept:
+                raise DataError(f"round {n}: no sample kept (threshold {r.threshold}); lower it or sample more")
+            write_jsonl(kept, samples)
+            atomic_write_json(round_dir / "sampling.json", {**stats, "reward_errors": len(errors),
+                                                             "skipped_prompts": bad[:20]})
+        stats = read_json(round_dir / "sampling.json")
+        before = _heldout_reward(model, tok, held, rewards, r.max_new_tokens)
+        del model
+        round_cfg = dataclasses.replace(cfg, base=str(current), sft=dataclasses.replace(cfg.sft, data=[str(samples)]))
+        summary = sft(round_cfg, run_dir, resume=is_run_dir(run_dir))
+        model, tok = load_for_inference(run_dir, device="cpu", merge=True)
+        after = _heldout_reward(model, tok, held, rewards, r.max_new_tokens)
+        record = {"round": n, "base": str(current), "samples": stats["samples"], "sample_reward": stats["mean_reward"],
+                  "kept": stats["kept"], "heldout_reward_before": before, "heldout_reward_after": after,
+                  "sft_steps": summary["steps"]}
+        history = history[: n - 1] + [record]
+        atomic_write_json(out / ROUNDS_FILE, history)
+        print(f"round {n}: {stats['kept']:,} of {stats['samples']:,} samples kept (mean reward "
+              f"{stats['mean_reward']:.3f}); held-out greedy reward {before} -> {after}")
+        current = str(run_dir)
+    return history

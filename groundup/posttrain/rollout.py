@@ -1,0 +1,232 @@
+"""GRPO's data: prompts in, scored groups of the policy's own completions out, a batch at a time.
+
+    prompts, bad = read_prompts(files, tok)           # text or chat prompts with their fields (answer, tests)
+    loader = RolloutLoader(prompts, cfg.grpo, rewards, tok, seed, rank, world)
+    loader.bind(policy, reference)                    # the model to sample from (and the KL reference)
+    batch = next(loader)                              # RolloutBatch: G completions of each of P prompts
+
+Each batch samples `group_size` completions for each of `prompts_per_batch` prompts through the
+generation engine (KV cache, batched), with the old log-probability of every sampled token, scores
+them with the rewards, and turns rewards into advantages within each group: (r - mean) / (std + 1e-4)
+(std is the group's sample standard deviation, as TRL's), or r - mean without scaling (Dr. GRPO).
+A group whose rewards are all equal teaches nothing: it is counted and left out, and when every group
+of a batch is such, new prompts are drawn (up to `max_resample` times). An optimizer step takes
+`grad_accum` batches, all sampled from the policy before the step; with `iterations` > 1 the same
+batches are used for that many steps, their old log-probs fixed at sampling.
+
+Exact resume: the prompt order is a seeded permutation per epoch, each batch's sampling seed derives
+from (seed, rank, batch number), and a batch still being iterated on is saved with the loader.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from groundup.data.readers import ReadStats, iter_records
+from groundup.infer import Generator
+from groundup.model.logprobs import logprobs
+from groundup.model.lora import adapters_disabled
+from groundup.model.loss import IGNORE_INDEX
+from groundup.posttrain.records import BadRecord, parse_messages
+from groundup.posttrain.rewards import score
+
+
+@dataclass
+class Prompt:
+    ids: list[int]
+    text: str  # what rewards see as the prompt
+    fields: dict = field(default_factory=dict)  # the record's other fields (answer, tests, ...), passed to rewards
+    messages: list[dict] | None = None  # a chat prompt's messages
+
+
+def read_prompts(paths, tok, max_len: int) -> tuple[list[Prompt], list[Prompt], list[str]]:
+    """(training prompts, held-out prompts, skipped "file:line: reason"). A `messages` record whose last
+    message is the assistant's is a prompt without it (so SFT chat files serve as prompts)."""
+    train, held, bad = [], [], []
+    for record in iter_records(paths, ReadStats(), require_text=False):
+        where = record.get("_where", "?")
+        try:
+            fields = {k: v for k, v in record.items() if not k.startswith("_") and k not in ("prompt", "messages", "id",
+                                                                                               "source", "domain")}
+            if "messages" in record or isinstance(record.get("prompt"), list):
+                messages = parse_messages(record.get("messages", record.get("prompt")), "messages")
+                if messages[-1]["role"] == "assistant":
+                    messages = messages[:-1]
+                if not messages or messages[-1]["role"] != "user":
+                    raise BadRecord("a chat prompt must end with the user's message")
+                ids, _ = tok.render_chat(messages, add_generation_prompt=True)
+                text = messages[-1]["content"]
+            elif isinstance(record.get("prompt"), str):
+                text, messages = record["prompt"], None
+                ids = list(tok.prefix_ids) + tok.encode(text)
+            else:
+                raise BadRecord("expected 'prompt' (text or messages) or 'messages'")
+            if len(ids) >= max_len:
+                raise BadRecord(f"the prompt is {len(ids)} tokens, no room left in a context of {max_len}")
+            (held if fields.get("split") == "heldout" else train).append(Prompt(ids, text, fields, messages))
+        except BadRecord as e:
+            bad.append(f"{where}: {e}")
+    return train, held, bad
+
+
+def sample_scored(gen: Generator, prompts: list[Prompt], rewards, k: int, errors: list[str] | None = None,
+                  **sampling) -> tuple[list, list[float], dict[str, list[float]]]:
+    """k completions of each prompt (prompt-major), their total rewards and each reward's values;
+    reward failures are appended to `errors` as "prompt: reason" (they score 0)."""
+    outs = []
+    rows = [p.ids for p in prompts for _ in range(k)]
+    for i in range(0, len(rows), 32):  # bounded batches: the KV cache grows with rows x context
+        outs += gen.complete_ids(rows[i : i + 32], **{**sampling, "seed": sampling.get("seed", 0) + i})
+    totals, parts = [], {}
+    for i, o in enumerate(outs):
+        p = prompts[i // k]
+        total, comps, error = score(rewards, p.text, o.text, p.fields)
+        if error and errors is not None:
+            errors.append(f"{p.text[:60]!r}: {error}")
+        totals.append(total)
+        for name, v in comps.items():
+            parts.setdefault(name, []).append(v)
+    return outs, totals, parts
+
+
+@dataclass
+class RolloutBatch:
+    inputs: torch.Tensor  # (N, T) prompt + completion, right-padded
+    targets: torch.Tensor  # (N, T) completion tokens only
+    old_logps: torch.Tensor  # (N, T) log-probs at sampling, aligned with targets (0 elsewhere)
+    ref_logps: torch.Tensor | None  # (N, T) the reference's, when the KL is on
+    advantages: torch.Tensor  # (N,)
+    stats: dict  # reward mean/std/components, lengths, truncation, skipped groups (for the log)
+
+
+class RolloutLoader:
+    def __init__(self, prompts: list[Prompt], cfg, rewards, tok, seed: int = 0, rank: int = 0, world_size: int = 1,
+                 accum: int = 1):
+        from groundup.errors import DataError
+
+        if not prompts:
+            raise DataError("no usable GRPO prompts (see the skipped records above)")
+        self.prompts, self.cfg, self.rewards, self.tok = prompts, cfg, rewards, tok
+        self.seed, self.rank, self.world_size = seed, rank, world_size
+        self.batch_size = cfg.prompts_per_batch  # prompts per batch (what a resume must agree on)
+        self.epoch, self.position, self.batches, self.iteration, self.accum = 0, 0, 0, 0, accum
+        self.cached: list[RolloutBatch] = []  # this step's batches, reused for `iterations` steps
+        self.pos = 0  # the next of them
+        self.policy = self.reference = None
+        self.errors: list[str] = []  # reward failures, "prompt: reason"
+
+    def bind(self, policy, reference=None) -> None:
+        """The model to sample from; `reference` a frozen copy, or None (LoRA: the adapter switched off)."""
+        self.policy, self.reference = policy, reference
+
+    def _take(self, n: int) -> list[Prompt]:
+        out = []
+        while len(out) < n:
+            order = np.random.default_rng([self.seed, self.epoch]).permutation(len(self.prompts))
+            mine = order[self.rank :: self.world_size] if len(order) >= self.world_size else order
+            if self.position >= len(mine):
+                self.epoch, self.position = self.epoch + 1, 0
+                continue
+            out.append(self.prompts[mine[self.position]])
+            self.position += 1
+        return out
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> RolloutBatch:
+        if self.pos >= len(self.cached):  # the step's batches are used up: another pass, or new samples
+            if self.cached and self.iteration < self.cfg.iterations:
+                self.iteration += 1
+            else:
+                self.cached, self.iteration = [self._draw() for _ in range(self.accum)], 1
+            self.pos = 0
+        self.pos += 1
+        return self.cached[self.pos - 1]
+
+    def _draw(self) -> RolloutBatch:
+        skipped = 0
+        for _ in range(self.cfg.max_resample):
+            batch = self._sample(self._take(self.cfg.prompts_per_batch))
+            self.batches += 1
+            if batch is not None:
+                break
+            skipped += self.cfg.prompts_per_batch
+        else:
+            batch = self._empty()
+        batch.stats["uninformative_groups"] = batch.stats.get("uninformative_groups", 0) + skipped
+        return batch
+
+    @torch.no_grad()
+    def _sample(self, prompts: list[Prompt]) -> RolloutBatch | None:
+        c, G = self.cfg, self.cfg.group_size
+        seed = int(np.random.default_rng([self.seed, self.rank, self.batches]).integers(1 << 31))
+        rows = [p.ids for p in prompts for _ in range(G)]
+        outs, totals, parts = sample_scored(Generator(self.policy, self.tok), prompts, self.rewards, G,
+                                            self.errors, max_new_tokens=c.max_new_tokens, temperature=c.temperature,
+                                            top_p=c.top_p, seed=seed, logprobs=True)
+        r = torch.tensor(totals).view(len(prompts), G)
+        informative = (r.max(dim=1).values - r.min(dim=1).values) > 0
+        stats = {"reward": r.mean().item(), "reward_std": r.std(dim=1).mean().item(),
+                 **{f"reward/{k}": float(np.mean(v)) for k, v in parts.items()},
+                 "completion_length": float(np.mean([len(o.token_ids) for o in outs])),
+                 "truncated": float(np.mean([o.finish_reason == "length" for o in outs])),
+                 "entropy": float(np.mean([h for o in outs for h in o.entropies])) if outs else 0.0,
+                 "uninformative_groups": int((~informative).sum())}
+        if not informative.any():
+            return None
+        adv = r - r.mean(dim=1, keepdim=True)
+        if c.scale_rewards:
+            adv = adv / (r.std(dim=1, keepdim=True) + 1e-4)
+        keep = [i for i in range(len(outs)) if informative[i // G]]
+        return self._tensors([rows[i] for i in keep], [outs[i] for i in keep], adv.view(-1)[keep], stats)
+
+    def _tensors(self, rows, outs, advantages, stats) -> RolloutBatch:
+        T = max(len(p) + len(o.token_ids) for p, o in zip(rows, outs)) - 1
+        pad = self.tok.pad_id if self.tok.pad_id is not None else self.tok.eot_id
+        x = torch.full((len(rows), T), pad, dtype=torch.long)
+        t = torch.full((len(rows), T), IGNORE_INDEX, dtype=torch.long)
+        old = torch.zeros(len(rows), T)
+        for i, (p, o) in enumerate(zip(rows, outs)):
+            seq = torch.tensor(p + o.token_ids)
+            x[i, : len(seq) - 1] = seq[:-1]
+            t[i, len(p) - 1 : len(seq) - 1] = seq[len(p):]
+            old[i, len(p) - 1 : len(seq) - 1] = torch.tensor(o.logprobs)
+        ref = None
+        if self.cfg.beta:
+            device = next(self.policy.parameters()).device
+            was = self.policy.training
+            self.policy.eval()
+            if self.reference is not None:
+                ref = logprobs(self.reference, x.to(device), t.to(device)).cpu()
+            else:
+                with adapters_disabled(self.policy):
+                    ref = logprobs(self.policy, x.to(device), t.to(device)).cpu()
+            self.policy.train(was)
+        return RolloutBatch(x, t, old, ref, advantages.float(), stats)
+
+    def _empty(self) -> RolloutBatch:
+        z = torch.zeros(0, 1, dtype=torch.long)
+        return RolloutBatch(z, z, torch.zeros(0, 1), None, torch.zeros(0), {})
+
+    def state_dict(self) -> dict:
+        state = {"version": 1, "epoch": self.epoch, "position": self.position, "batches": self.batches,
+                 "iteration": self.iteration, "pos": self.pos, "prompts": len(self.prompts), "seed": self.seed,
+                 "batch_size": self.batch_size}
+        if self.iteration < self.cfg.iterations or self.pos < len(self.cached):  # still to be used: keep them
+            state["cached"] = [vars(b) for b in self.cached]
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        from groundup.errors import CheckpointError
+
+        if state.get("prompts") != len(self.prompts) or state.get("seed") != self.seed:
+            raise CheckpointError("cannot resume the GRPO prompts: the prompt files or the seed changed")
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+        self.batches, self.iteration, self.pos = int(state["batches"]), int(state["iteration"]), int(state["pos"])
+        self.cached = [RolloutBatch(**b) for b in state.get("cached") or []]
+        if not self.cached:
+            self.pos = 0

@@ -1,0 +1,131 @@
+"""GRPO: the loss on a fixed batch equals a direct implementation of the formula; advantages; a run
+on the training core with rewards that fail, exact resume mid-iterations; the shipped rewards."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from groundup.config import load_config
+from groundup.errors import ConfigError
+from groundup.posttrain.config import GRPOConfig
+from groundup.posttrain.grpo import aggregate, grpo, grpo_token_loss
+from groundup.posttrain.rewards import exact_match, exact_match_lenient, format_answer, load_rewards, score
+from infer_helpers import model_dir, small_tokenizer, tiny_model
+from train_helpers import metrics
+
+
+def _direct(logp, old, adv, ref, mask, eps, eps_high, beta, how, max_new):
+    """The formula, one token at a time."""
+    per_seq, total, count = [], 0.0, 0
+    for i in range(len(logp)):
+        terms = []
+        for t in range(len(logp[0])):
+            if not mask[i][t]:
+                continue
+            ratio = math.exp(logp[i][t] - old[i][t])
+            a = adv[i]
+            obj = min(ratio * a, min(max(ratio, 1 - eps), 1 + eps_high) * a)
+            d = ref[i][t] - logp[i][t]
+            terms.append(-obj + beta * (math.exp(d) - d - 1))
+        per_seq.append(sum(terms) / max(1, len(terms)))
+        total, count = total + sum(terms), count + len(terms)
+    return {"sequence": sum(per_seq) / len(per_seq), "token": total / count,
+            "dr_grpo": total / (len(logp) * max_new)}[how]
+
+
+@pytest.mark.parametrize("how", ["sequence", "token", "dr_grpo"])
+def test_loss_equals_the_formula(how):
+    g = torch.Generator().manual_seed(0)
+    logp = -torch.rand(4, 6, generator=g) * 3
+    old = logp + torch.randn(4, 6, generator=g) * 0.3  # ratios well outside the clip range too
+    ref = logp + torch.randn(4, 6, generator=g) * 0.2
+    adv = torch.tensor([1.2, -0.7, 0.3, -1.5])
+    mask = torch.ones(4, 6)
+    mask[1, 4:] = 0
+    mask[3, 2:] = 0
+    per, kl, clipped = grpo_token_loss(logp, old, adv, ref, 0.2, 0.28, 0.05)
+    ours = float(aggregate(per, mask, how, max_new_tokens=8))
+    assert ours == pytest.approx(_direct(logp.tolist(), old.tolist(), adv.tolist(), ref.tolist(), mask.tolist(),
+                                         0.2, 1.28, 0.05, how, 8), rel=1e-6)
+    assert 0 < float((clipped * mask).sum()) < float(mask.sum())
+
+
+def test_shipped_rewards_and_failures():
+    assert exact_match("q", "12 + 5 = 17.\nAnswer: 17", answer="17") == 1.0
+    assert exact_match("q", "it is 17", answer="17") == 0.0 and exact_match_lenient("q", "it is 17", answer=17) == 1.0
+    assert format_answer("q", "Answer: 3") == 1.0 and format_answer("q", "three") == 0.0
+    rewards = load_rewards(["exact_match", "format_answer", "reward_helpers:broken"], [1.0, 0.5, 2.0])
+    total, parts, error = score(rewards, "q", "Answer: 4", {"answer": "4"})
+    assert total == 1.5 and parts["reward_helpers:broken"] == 0.0 and "ZeroDivisionError" in error
+    with pytest.raises(ConfigError, match="did you mean 'exact_match'"):
+        load_rewards(["exact_macth"])
+    with pytest.raises(ConfigError, match="cannot import"):
+        load_rewards(["no_such_module:f"])
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("grpo")
+    model_dir(root / "base", tiny_model(max_seq_len=128), small_tokenizer())
+    rows = [{"messages": [{"role": "user", "content": f"Say something about {w}."}], "answer": "1"}
+            for w in ("kings", "queens", "the sea", "the moon", "bread", "wine", "swords", "roses")]
+    (root / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return root
+
+
+def _cfg(root, *extra):
+    return load_config(GRPOConfig, None, [
+        f"base={json.dumps(str(root / 'base'))}", f"grpo.prompts={json.dumps([str(root / 'prompts.jsonl')])}",
+        'grpo.rewards=["reward_helpers:has_e", "reward_helpers:flaky"]', "grpo.group_size=4",
+        "grpo.prompts_per_batch=2", "grpo.max_new_tokens=8", "grpo.eval_count=0", "train.seq_len=64",
+        "train.threads=2", "log.every=1", "log.progress=false", "eval.every=0", "eval.at_end=false",
+        "checkpoint.every=2", "schedule.peak_lr=1e-3", *extra])
+
+
+def test_grpo_runs_logs_and_resumes_exactly(setup, tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(setup.parent))
+    extra = ["train.max_steps=4", "train.grad_accum=2", "grpo.iterations=2", "grpo.beta=0.04"]
+    summary = grpo(_cfg(setup, *extra), tmp_path / "run")
+    steps, events = metrics(tmp_path / "run")
+    assert summary["steps"] == 4 and summary["reward_errors"] > 0  # the flaky reward failed, the run went on
+    for key in ("reward", "reward_std", "reward/reward_helpers:has_e", "kl", "clip_fraction", "entropy",
+                "completion_length", "truncated", "uninformative_groups"):
+        assert key in steps[0], key
+    assert steps[0]["kl"] == pytest.approx(0, abs=1e-5)  # the policy starts as the reference
+    shutil.copytree(tmp_path / "run", tmp_path / "resumed")
+    (tmp_path / "resumed" / "checkpoints" / "step_0000004" / "meta.json").unlink()
+    grpo(_cfg(setup, *extra), tmp_path / "resumed", resume=True)
+    a = load_file(tmp_path / "run" / "checkpoints" / "step_0000004" / "model.safetensors")
+    b = load_file(tmp_path / "resumed" / "checkpoints" / "step_0000004" / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert [s["loss"] for s in metrics(tmp_path / "resumed")[0]] == [s["loss"] for s in steps]
+
+
+def test_grpo_with_lora_uses_the_base_as_reference(setup, tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(setup.parent))
+    summary = grpo(_cfg(setup, "train.max_steps=2", "lora.rank=4", "grpo.beta=0.1", "grpo.loss_aggregation=token",
+                        "grpo.scale_rewards=false"), tmp_path / "run")
+    assert summary["steps"] == 2
+    assert (tmp_path / "run" / "checkpoints" / "step_0000002" / "adapter_model.safetensors").is_file()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _reward_module(tmp_path_factory):
+    """A user's reward module on the path: one real reward, one that fails now and then."""
+    root = tmp_path_factory.getbasetemp()
+    (root / "reward_helpers.py").write_text(
+        "import itertools\n_n = itertools.count()\n"
+        "def has_e(prompt, completion, **fields):\n    return float('e' in completion)\n"
+        "def flaky(prompt, completion, **fields):\n    if next(_n) % 5 == 0:\n        raise RuntimeError('flaky')\n"
+        "    return float('nan') if len(completion) % 7 == 0 else 0.0\n"
+        "def broken(prompt, completion, **fields):\n    return 1 / 0\n")
+    sys.path.insert(0, str(root))
+    yield
+    sys.path.remove(str(root))

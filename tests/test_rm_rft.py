@@ -1,0 +1,104 @@
+"""The reward model (Bradley-Terry), best-of-n sampling with it, pairs from a model's own samples, and
+rejection-sampling fine-tuning in rounds."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from groundup.config import load_config
+from groundup.posttrain.config import RFTConfig, RMConfig
+from groundup.posttrain.pairs import read_pairs
+from groundup.posttrain.reward_model import RewardModelScorer, RewardObjective, rm
+from groundup.posttrain.rft import rft
+from infer_helpers import model_dir, small_tokenizer, tiny_model
+from train_helpers import metrics, run_cli
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("rm")
+    model_dir(root / "base", tiny_model(max_seq_len=128), small_tokenizer())
+    rows = [{"prompt": [{"role": "user", "content": f"Is {i + 3} more than {i}?"}],
+             "chosen": [{"role": "assistant", "content": "yes indeed"}],
+             "rejected": [{"role": "assistant", "content": "no never"}]} for i in range(60)]
+    (root / "pairs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    prompts = [{"messages": [{"role": "user", "content": f"Tell me about {w}."}]}
+               for w in ("kings", "queens", "ships", "stars", "bread", "wine")]
+    (root / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in prompts))
+    (root / "reward_mod.py").write_text("def has_e(prompt, completion, **fields):\n"
+                                        "    return float(completion.count('e'))\n")
+    sys.path.insert(0, str(root))
+    yield root
+    sys.path.remove(str(root))
+
+
+def test_bradley_terry_loss_is_the_closed_form(root):
+    from groundup.posttrain.preference import make_batch
+
+    tok = small_tokenizer()
+    pairs, _ = read_pairs([root / "pairs.jsonl"], tok, 64)
+    torch.manual_seed(0)
+    model = tiny_model(value_head=True)
+    batch = make_batch(pairs[:4], "rm", 0, pairs)
+    out = RewardObjective([], 0)(model, batch, "cpu")
+    rewards = []
+    for p in pairs[:4]:
+        for completion in (p.chosen, p.rejected):
+            ids = torch.tensor([p.prompt + completion])
+            rewards.append(model(ids, score="reward", reward_index=torch.tensor([ids.shape[1] - 1])).rewards[0])
+    chosen, rejected = torch.stack(rewards[0::2]), torch.stack(rewards[1::2])
+    assert float(out.loss) == pytest.approx(float(-F.logsigmoid(chosen - rejected).mean()), rel=1e-5)
+
+
+def test_reward_model_learns_the_preference_and_ranks_samples(root, tmp_path):
+    cfg = load_config(RMConfig, None, [f"base={json.dumps(str(root / 'base'))}",
+                                       f"rm.data={json.dumps([str(root / 'pairs.jsonl')])}", "rm.val_fraction=0.2",
+                                       "train.seq_len=64", "train.batch_size=8", "train.max_steps=12",
+                                       "schedule.peak_lr=3e-3", "schedule.warmup_steps=0", "log.every=1",
+                                       "log.progress=false", "eval.every=0"])
+    summary = rm(cfg, tmp_path / "rm")
+    assert summary["eval"]["val_accuracy"] >= 0.8
+    scorer = RewardModelScorer(tmp_path / "rm")
+    assert scorer("Is 5 more than 2?", "yes indeed") > scorer("Is 5 more than 2?", "no never")
+    result = run_cli("generate", "--checkpoint", str(root / "base"), "--prompt", "Is 7 more than 3?", "--best-of", "3",
+                     "--reward", f"rm:{tmp_path / 'rm'}", "--max-new-tokens", "4", "--json")
+    line = json.loads(result.stdout.splitlines()[0])
+    assert line["score"] == max(line["scores"]) and len(line["scores"]) == 3
+
+
+def test_pairs_from_samples_are_ranked_by_the_reward(root, tmp_path):
+    import subprocess
+
+    from train_helpers import env, groundup_cmd
+
+    environment = {**env(), "PYTHONPATH": f"{env()['PYTHONPATH']}:{root}"}  # where the user's reward module is
+    subprocess.run(groundup_cmd("data", "pairs", "--model", str(root / "base"), "--prompts", str(root / "prompts.jsonl"),
+                                "--reward", "reward_mod:has_e", "--out", str(tmp_path / "p.jsonl"), "--samples", "4",
+                                "--max-new-tokens", "12"), env=environment, check=True, capture_output=True)
+    records = [json.loads(x) for x in (tmp_path / "p.jsonl").read_text().splitlines()]
+    assert records and all(r["chosen_score"] > r["rejected_score"] for r in records)
+    assert all(r["chosen"][0]["content"].count("e") == r["chosen_score"] for r in records)
+    pairs, report = read_pairs([tmp_path / "p.jsonl"], small_tokenizer(), 128)  # what DPO reads
+    assert len(pairs) == len(records) and not report.skipped
+
+
+def test_rejection_sampling_rounds(root, tmp_path):
+    cfg = load_config(RFTConfig, None, [f"base={json.dumps(str(root / 'base'))}",
+                                        f"rft.prompts={json.dumps([str(root / 'prompts.jsonl')])}",
+                                        'rft.rewards=["reward_mod:has_e"]', "rft.samples=3", "rft.rounds=2",
+                                        "rft.max_new_tokens=8", "rft.eval_count=0", "train.seq_len=64",
+                                        "train.batch_size=2", "train.max_steps=2", "log.progress=false",
+                                        "eval.at_end=false"])
+    history = rft(cfg, tmp_path / "out")
+    assert [h["round"] for h in history] == [1, 2] and all(h["kept"] == 6 for h in history)
+    assert history[1]["base"] == str(tmp_path / "out" / "round_01" / "run")
+    kept = [json.loads(x) for x in (tmp_path / "out" / "round_01" / "samples.jsonl").read_text().splitlines()]
+    assert all(k["messages"][-1]["role"] == "assistant" for k in kept)
+    assert metrics(tmp_path / "out" / "round_02" / "run")[0]
+    again = rft(cfg, tmp_path / "out")  # finished rounds are reused
+    assert again == history
