@@ -25,6 +25,7 @@ from groundup.interop.hf_import_config import model_config_from_hf
 from groundup.interop.hf_weights import from_hf_state
 from groundup.interop.out_dir import check_out_dir
 from groundup.io import atomic_dir, read_json
+from groundup.schema import check, relative_file
 from groundup.layout import HF_CONFIG_FILE, HF_WEIGHTS_FILE, HF_WEIGHTS_INDEX_FILE, TOKENIZER_DIR
 
 
@@ -33,7 +34,12 @@ def read_hf_weights(hf_dir: Path) -> dict[str, torch.Tensor]:
     if (hf_dir / HF_WEIGHTS_FILE).is_file():
         files = [hf_dir / HF_WEIGHTS_FILE]
     elif index.is_file():
-        files = [hf_dir / name for name in sorted(set(read_json(index).get("weight_map", {}).values()))]
+        listing = read_json(index, expect=dict)
+        check(listing, {"weight_map": {}}, str(index))
+        names = listing["weight_map"].values()
+        if not all(isinstance(n, str) for n in names):
+            raise DataError(f"{index}: weight_map: expected file names (strings)")
+        files = [hf_dir / relative_file(n, str(index), "weight_map") for n in sorted(set(names))]
     elif any(hf_dir.glob("pytorch_model*.bin")):
         raise CheckpointError(f"{hf_dir}: only pytorch_model.bin weights; groundup imports safetensors only, because "
                               "loading a pickle can run code (convert it with a tool you trust)")
@@ -59,7 +65,7 @@ def import_hf(hf_dir: str | Path, out: str | Path, dtype: str | None = None,
     config_file = hf_dir / HF_CONFIG_FILE
     if not config_file.is_file():
         raise CheckpointError(f"{hf_dir}: not a Hugging Face model directory (no {HF_CONFIG_FILE})")
-    arch, cfg = model_config_from_hf(read_json(config_file), str(config_file))
+    arch, cfg = model_config_from_hf(read_json(config_file, expect=dict), str(config_file))
     state = from_hf_state(arch, cfg, read_hf_weights(hf_dir), str(hf_dir))
     model = build_from_state(cfg, state, dtype=resolve_dtype(dtype) if dtype else None, source=str(hf_dir))
     tok, no_tokenizer = None, None

@@ -8,6 +8,7 @@ biases on attention but not the MLP, ...) is refused by name rather than silentl
 from __future__ import annotations
 
 from groundup.config import ConfigError, from_dict
+from groundup.schema import check
 from groundup.interop.hf_config import ACTIVATIONS, CLASSES, GROUNDUP_KEY, MLA_NORM_EPS, hf_config
 from groundup.model.config import ModelConfig
 
@@ -78,7 +79,10 @@ def _rope(arch: str, c: dict, refuse) -> dict:
         return {"rope_theta": float(theta)}
     if kind != "linear" or arch.startswith("deepseek"):
         refuse("rope_scaling", f"groundup implements linear RoPE scaling (and static NTK), not {kind!r}")
-    return {"rope_theta": float(theta), "rope_scaling": "linear", "rope_scaling_factor": float(scaling["factor"])}
+    factor = scaling.get("factor")
+    if not isinstance(factor, (int, float)) or isinstance(factor, bool):
+        refuse("rope_scaling", "linear RoPE scaling needs a numeric 'factor'")
+    return {"rope_theta": float(theta), "rope_scaling": "linear", "rope_scaling_factor": float(factor)}
 
 
 def _check_full_attention(arch: str, c: dict, refuse) -> None:
@@ -132,11 +136,18 @@ def _deepseek(arch: str, c: dict, need, refuse) -> dict:
     return f
 
 
+_SHAPE = {"model_type?": str, "rope_scaling?": (dict, None), "rope_parameters?": (dict, None),
+          "num_hidden_layers?": int, "hidden_size?": int, "num_attention_heads?": int, "vocab_size?": int,
+          "intermediate_size?": int, "max_position_embeddings?": int, "layer_types?": ([str], None),
+          "mlp_only_layers?": ([int], None)}
+
+
 def model_config_from_hf(c: dict, where: str = "config.json") -> tuple[str, ModelConfig]:
     """(arch, ModelConfig) of a Hugging Face config.json; ConfigError names what groundup cannot express.
 
     A config this module wrote carries the original ModelConfig; it is used when it still exports to
     the same config.json (so a round trip is exact, training-only fields included)."""
+    check(c, _SHAPE, where)
     arch = c.get("model_type")
     if arch == "mistral":  # Llama's architecture with an optional sliding window
         arch = "llama"

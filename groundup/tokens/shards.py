@@ -49,6 +49,7 @@ from groundup.config import fail
 from groundup.data.hashing import document_score, split_score as _score
 from groundup.errors import DataError
 from groundup.io import atomic_open, atomic_write_json, ensure_writable_dir, read_json
+from groundup.schema import check, relative_file
 
 INDEX_FILE = "index.json"
 FORMAT = "groundup-token-shards"
@@ -369,15 +370,30 @@ class ShardFile:
         return len(self.starts) - 1
 
 
+_SHARD = {"file": str, "offsets": str, "ids": str, "domain": str, "tokens": int, "documents?": int, "bytes?": int}
+_SPLIT = {"tokens": int, "documents": int, "bytes": int, "domains?": dict, "sources?": dict, "shards": [_SHARD]}
+INDEX_SCHEMA = {"format": str, "dtype": str, "vocab_size": int, "eot_id": int, "bos_id?": (int, None),
+                "tokenizer_hash?": (str, None), "splits": {"train?": _SPLIT, "val?": _SPLIT}}
+
+
 def read_index(shard_dir: str | Path) -> dict:
     """The index of a shard directory; DataError when missing (not shards, or tokenize did not finish)."""
     path = Path(shard_dir) / INDEX_FILE
     if not path.is_file():
         raise DataError(f"{path}: no index: not a token shard directory, or 'groundup data tokenize' "
                         "did not finish (the index is written last)")
-    index = read_json(path)
+    index = read_json(path, expect=dict)
     if index.get("format") != FORMAT:
         raise DataError(f"{path}: format {index.get('format')!r} is not {FORMAT!r}")
+    check(index, INDEX_SCHEMA, str(path))
+    if index["dtype"] not in ("uint16", "uint32"):
+        raise DataError(f"{path}: dtype = {index['dtype']!r}: expected uint16 or uint32")
+    for split in index["splits"].values():
+        for i, entry in enumerate(split["shards"]):
+            for key in ("file", "offsets", "ids"):
+                relative_file(entry[key], str(path), f"shards[{i}].{key}")
+            if entry["tokens"] < 0:
+                raise DataError(f"{path}: shards[{i}].tokens = {entry['tokens']}: expected a count >= 0")
     return index
 
 
