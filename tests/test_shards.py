@@ -197,3 +197,22 @@ def test_cli(tmp_path_factory, corpus, tmp_path, capsys):
     assert main(["data", "tokenize", "--tokenizer", str(tokdir), "--input", str(corpus[0]), "--out", str(out),
                  "val_fraction=1.5"]) == 2
     assert "val_fraction = 1.5: expected a number in [0, 1)" in capsys.readouterr().err
+
+
+def test_split_group_keeps_every_chunk_and_edition_of_a_work_together(tmp_path):
+    from groundup.tokens.shards import TokenizeConfig as Config
+
+    records = [{"id": f"shakespeare/{w}{ed}#{c:04d}", "text": f"{w} {ed} chunk {c} " * 20, "domain": "text"}
+               for w in ("hamlet", "lear", "macbeth", "othello", "tempest", "romeo") for ed in ("_gut", "_gut_f")
+               for c in range(3)]
+    src = tmp_path / "r.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in records))
+    from infer_helpers import small_tokenizer
+
+    index = tokenize_to_shards([src], small_tokenizer(), tmp_path / "out",
+                               Config(workers=1, val_fraction=0.3, split_group=r"^shakespeare/(.+?)_gut(?:_f)?#"),
+                               progress=False)
+    val, train = set(index["groups"]["val"]), set(index["groups"]["train"])
+    assert val and train and not val & train and val | train == {"hamlet", "lear", "macbeth", "othello", "tempest",
+                                                                 "romeo"}
+    assert index["splits"]["val"]["documents"] == 6 * len(val)  # 2 editions x 3 chunks of each held-out work

@@ -66,6 +66,9 @@ class TokenizeConfig:
     shard_tokens: int = 1 << 27  # start a new file after this many tokens (256 MB at uint16)
     batch_bytes: int = 1 << 20  # text per unit of work sent to an encoding process
     default_domain: str | None = None  # domain of records that name none (default: "text")
+    # Keep documents together in one split: a regex on the record id whose first group names the
+    # document's group (e.g. a work, with all its chunks and editions); unmatched ids split alone.
+    split_group: str = ""
 
     def validate(self) -> None:
         if not 0.0 <= self.val_fraction < 1.0:
@@ -76,6 +79,12 @@ class TokenizeConfig:
             fail("shard_tokens", self.shard_tokens, "a positive integer")
         if self.batch_bytes < 1:
             fail("batch_bytes", self.batch_bytes, "a positive integer")
+        if self.split_group:
+            try:
+                if re.compile(self.split_group).groups < 1:
+                    fail("split_group", self.split_group, "a regex with a capturing group (the group's name)")
+            except re.error as e:
+                fail("split_group", self.split_group, f"a valid regex ({e})")
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -308,20 +317,27 @@ def tokenize_to_shards(inputs: list[str | Path], tokenizer, out: str | Path, cfg
     records = iter_records(inputs, stats, cfg.default_domain)
     shards, order = _ShardSet(out, cfg.shard_tokens), 0
     splitter = _Splitter(cfg.val_fraction, ", ".join(map(str, inputs)))
+    grouping = re.compile(cfg.split_group) if cfg.split_group else None
+    groups: dict[str, set[str]] = {split: set() for split in SPLITS}
     bar = tqdm(desc="tokenize", unit="B", unit_scale=True, disable=not progress)
     try:
         for tokens, lengths, nbytes, scores in map_batches(tok, _batches(records, cfg, metas, skipped), encode,
                                                            cfg.workers):
             ends = np.cumsum(lengths)
             for k, (rid, source, domain) in enumerate(metas.popleft()):
-                doc = _Doc(tokens[ends[k] - lengths[k]:ends[k]], rid, source, domain, int(nbytes[k]),
-                           float(scores[k]), order)
+                score = float(scores[k])
+                match = grouping.search(rid) if grouping else None
+                if match:  # the group decides the split: every chunk and edition of a work lands together
+                    score = _score(match.group(1).encode("utf-8", "surrogatepass"), cfg.seed)
+                doc = _Doc(tokens[ends[k] - lengths[k]:ends[k]], rid, source, domain, int(nbytes[k]), score, order)
                 order += 1
                 for split, d in splitter.add(doc):
                     shards.add(split, d)
+                    _note_group(groups, grouping, split, d)
             bar.update(int(nbytes.sum()))
         for split, d in splitter.finish():
             shards.add(split, d)
+            _note_group(groups, grouping, split, d)
         splits = shards.close()
     except BaseException:
         shards.abort()
@@ -336,10 +352,17 @@ def tokenize_to_shards(inputs: list[str | Path], tokenizer, out: str | Path, cfg
         **{k: sum(splits[s][k] for s in SPLITS) for k in ("tokens", "documents", "bytes")},
         "skipped_empty": skipped["empty"], "read": stats.to_dict(), "inputs": [str(p) for p in inputs],
         "seconds": round(time.perf_counter() - start, 3), "splits": splits,
+        "split_group": cfg.split_group or None, "groups": {s: sorted(g) for s, g in groups.items()} if grouping else None,
     }
     atomic_write_json(out / INDEX_FILE, index)
     _remove_stale(out, index)
     return index
+
+
+def _note_group(groups: dict, grouping, split: str, doc) -> None:
+    match = grouping.search(doc.id) if grouping else None
+    if match:
+        groups[split].add(match.group(1))
 
 
 def _remove_stale(out: Path, index: dict) -> None:
