@@ -172,3 +172,10 @@ def test_a_model_larger_than_the_machine_is_refused_before_allocating(tmp_path):
     result = run_cli("model", "info", str(tmp_path / "model.toml"), "n_layers=100000", check=False)
     assert result.returncode == 2 and "n_layers = 100000: expected at most 4,096" in result.stderr, result.stderr
     assert math.isfinite(from_dict(ModelConfig, {"preset": "clover-12b"}).approx_params())
+
+
+def test_a_huge_tokenizer_vocabulary_is_refused_before_training(tmp_path):
+    (tmp_path / "t.jsonl").write_text('{"text": "hello world"}\n')
+    result = run_cli("tokenizer", "train", "--input", str(tmp_path / "t.jsonl"), "--out", str(tmp_path / "tok"),
+                     "--vocab-size", "1000000000", check=False)
+    assert result.returncode == 2 and "vocab_size = 1000000000: expected at most 2,097,152" in result.stderr

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import xxhash
 
@@ -85,3 +87,12 @@ def split_score(data: bytes, seed: int = 0) -> float:
 def document_score(text: str, seed: int = 0) -> float:
     """Where a document falls in [0, 1): the token shards' val split and the tokenizer's held-out set use it."""
     return split_score(text.encode("utf-8", "surrogatepass"), seed)
+
+
+def record_score(record_id: str, text: str, seed: int = 0, group: re.Pattern | None = None) -> float:
+    """`document_score`, or, when `group` matches the record id, the score of its first group: the
+    documents of one group (a work's chunks and editions) fall on the same side of every split."""
+    match = group.search(record_id) if group is not None else None
+    if match:
+        return split_score(match.group(1).encode("utf-8", "surrogatepass"), seed)
+    return document_score(text, seed)

