@@ -35,6 +35,7 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("merge",), "groundup.posttrain.commands:merge", "fold a LoRA adapter into its base model"),
     (("generate",), "groundup.infer.commands:generate", "complete prompts with a checkpoint (batched, streamed, sampled)"),
     (("chat",), "groundup.infer.commands:chat", "chat with a checkpoint in the terminal (chat template, /reset, /exit)"),
+    (("serve",), "groundup.serve.commands:serve", "an OpenAI-compatible server with continuous batching, LoRA adapters and a chat page"),
     (("export", "hf"), "groundup.interop.commands:export_hf", "write a checkpoint as a Hugging Face model directory"),
     (("import", "hf"), "groundup.interop.commands:import_hf", "turn a local Hugging Face model directory into a groundup model"),
     (("import", "gguf"), "groundup.interop.commands:import_gguf", "turn a llama.cpp GGUF file (Llama, Mistral, Qwen2/3, SmolLM) into a groundup model"),

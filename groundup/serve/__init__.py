@@ -1,0 +1,13 @@
+"""`groundup serve`: an OpenAI-compatible HTTP server over one model, with continuous batching,
+many LoRA adapters in one batch, echo + log-probs for evaluation harnesses, metrics and a chat page.
+
+    app.py          the routes, errors, API key             protocol.py   request models and validation
+    generation.py   requests -> jobs -> responses           streaming.py  server-sent events
+    scheduler.py    the decode loop (continuous batching)   batch_cache.py a KV cache with a length per row
+    adapters.py     multi-LoRA on one base                  tokens.py     prompts, chats, token strings
+    responses.py    OpenAI's response objects               metrics.py    Prometheus text
+    server.py       what one serving process holds          page.py/.html the chat page
+    commands.py     the CLI verb
+
+FastAPI and uvicorn (the `serve` extra) are imported only here.
+"""

@@ -1,0 +1,205 @@
+"""The HTTP routes: an OpenAI-compatible API (plus vLLM's tokenizer endpoints), metrics and the chat page.
+
+    GET  /                       the chat page (page.html: self-contained, nothing fetched from outside)
+    GET  /health                 200 {"status": "ok", ...} once the decode loop runs (503 while starting
+                                 or stopped; never needs the key)
+    GET  /v1/models[/{id}]       the base model and each adapter
+    POST /v1/completions         prompt(s) -> text; echo + logprobs give the prompt's log-probs
+    POST /v1/chat/completions    messages -> the assistant's reply (the tokenizer's chat format)
+    POST /tokenize, /detokenize  GET /tokenizer_info   (vLLM's; lm-evaluation-harness uses them)
+    GET  /metrics                Prometheus text
+
+Every failure is a JSON error object `{"error": {"message", "type", "param", "code"}}` with a 4xx
+or 5xx status, and the server goes on: 400 (bad JSON, fields, limits, context), 401 (with
+`--api-key`: a missing or wrong `Authorization: Bearer KEY` on anything but `/` and `/health`),
+404 (unknown model or path), 405, 413 (a body over the limit), 503 (queue full, shutting down),
+500 (a bug, logged). `create_app` starts the scheduler with the app's lifespan and stops it after
+uvicorn has let in-flight requests finish (its graceful-shutdown period).
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import time
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from groundup.serve.generation import ClientGone, Run, collect, plan_chat, plan_completion
+from groundup.serve.page import HEADERS as PAGE_HEADERS, page_html
+from groundup.serve.protocol import (APIError, ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
+                                     TokenizeRequest, parse)
+from groundup.serve.server import Server
+from groundup.serve.streaming import stream
+
+log = logging.getLogger("groundup.serve")
+
+OPEN_PATHS = {"/", "/health", "/favicon.ico"}
+KNOWN_PATHS = {"/", "/health", "/v1/models", "/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize",
+               "/tokenizer_info", "/metrics"}
+
+
+def error_response(e: APIError) -> JSONResponse:
+    headers = {"WWW-Authenticate": "Bearer"} if e.status == 401 else None
+    return JSONResponse(e.body(), status_code=e.status, headers=headers)
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body, or 413 as soon as it is known to exceed `limit` bytes (Content-Length or counted)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise APIError(413, f"the request body is {declared} bytes, over this server's limit of {limit}",
+                       code="request_too_large")
+    chunks, size = [], 0
+    async for piece in request.stream():
+        size += len(piece)
+        if size > limit:
+            raise APIError(413, f"the request body is over this server's limit of {limit} bytes", code="request_too_large")
+        chunks.append(piece)
+    return b"".join(chunks)
+
+
+class Guard:
+    """Outermost: the API key check, and per request its status and duration for /metrics (a
+    stream's duration runs to its last byte)."""
+
+    def __init__(self, app, server: Server):
+        self.app, self.server = app, server
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        start, path, status = time.perf_counter(), scope["path"], [500]
+        key = self.server.api_key
+        if key is not None and path not in OPEN_PATHS:
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            token = given[7:] if given[:7].lower() == b"bearer " else b""
+            if not hmac.compare_digest(token, key.encode()):
+                response = error_response(APIError(401, "Incorrect or missing API key: send Authorization: Bearer KEY",
+                                                   code="invalid_api_key"))
+                await response(scope, receive, send)
+                self.server.metrics.request(_label(path), 401, time.perf_counter() - start)
+                return
+
+        async def watched(message):
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watched)
+        finally:
+            self.server.metrics.request(_label(path), status[0], time.perf_counter() - start)
+
+
+def create_app(server: Server) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        server.start()
+        try:
+            yield
+        finally:
+            server.stop()
+
+    app = FastAPI(title="groundup", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.server = server
+    limit = server.limits.max_body_bytes
+
+    app.add_middleware(Guard, server=server)
+
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, e: APIError):
+        return error_response(e)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, e: StarletteHTTPException):
+        kind = {404: "not_found", 405: "method_not_allowed"}.get(e.status_code)
+        message = f"{request.method} {request.url.path}: {e.detail}"
+        return error_response(APIError(e.status_code, message, code=kind))
+
+    @app.exception_handler(Exception)
+    async def bug(request: Request, e: Exception):
+        log.exception("unhandled error on %s", request.url.path)
+        return error_response(APIError(500, f"internal error: {type(e).__name__}", type="server_error",
+                                       code="internal_error"))
+
+    async def respond(plan, request: Request) -> Response:
+        run = Run(server, plan, None if plan.stream else request)
+        await run.__aenter__()
+        if plan.stream:
+            return StreamingResponse(stream(run), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        try:
+            body = await collect(run)
+        except ClientGone:  # nobody to answer; the status is for /metrics (nginx's "client closed request")
+            return Response(status_code=499)
+        finally:
+            await run.__aexit__(None, None, None)
+        return JSONResponse(body)
+
+    @app.get("/", include_in_schema=False)
+    async def page():
+        return HTMLResponse(page_html(), headers=PAGE_HEADERS)
+
+    @app.get("/health")
+    async def health():
+        sched = server.scheduler
+        state = "stopped" if not sched.thread.is_alive() else "ok" if sched.ready else "starting"
+        body = {"status": state, "running": sched.running, "waiting": sched.queued}
+        return JSONResponse(body, status_code=200 if state == "ok" else 503)
+
+    @app.get("/v1/models")
+    async def models():
+        return server.models()
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str):
+        name, _ = server.adapter_index(model_id)
+        return next(m for m in server.models()["data"] if m["id"] == name)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        req = parse(CompletionRequest, await read_body(request, limit))
+        return await respond(plan_completion(server, req), request)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        req = parse(ChatCompletionRequest, await read_body(request, limit))
+        return await respond(plan_chat(server, req), request)
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request):
+        req = parse(TokenizeRequest, await read_body(request, limit))
+        server.adapter_index(req.model)
+        if req.prompt is not None:
+            ids = server.text.encode(req.prompt, add_prefix=req.add_special_tokens)
+        else:
+            ids = server.text.chat(req.messages, req.add_generation_prompt)
+        strs = [server.text.string(i) for i in ids] if req.return_token_strs else None
+        return {"count": len(ids), "max_model_len": server.context, "tokens": ids, "token_strs": strs}
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request):
+        req = parse(DetokenizeRequest, await read_body(request, limit))
+        server.adapter_index(req.model)
+        ids = server.text.check_ids(req.tokens, "tokens")
+        return {"prompt": server.tokenizer.decode(ids)}
+
+    @app.get("/tokenizer_info")
+    async def tokenizer_info():
+        return server.text.info(server.context)
+
+    @app.get("/metrics")
+    async def metrics():
+        return PlainTextResponse(server.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    return app
+
+
+def _label(path: str) -> str:
+    if path in KNOWN_PATHS:
+        return path
+    return "/v1/models/{id}" if path.startswith("/v1/models/") else "other"

@@ -1,0 +1,129 @@
+"""`groundup serve`: an OpenAI-compatible server with continuous batching, LoRA adapters and a chat page.
+
+    groundup serve --checkpoint out/model [--adapter sql=adapters/sql ...] [--host 127.0.0.1] [--port 8000]
+                   [--api-key KEY] [--max-batch 16] [--max-tokens N]
+
+Listens on 127.0.0.1 unless told otherwise. Ctrl-C (SIGINT) or SIGTERM stops accepting connections,
+lets in-flight requests finish for up to --grace seconds, then exits 0; a second Ctrl-C exits at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from groundup.errors import ConfigError
+
+
+def serve_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--checkpoint", required=True,
+                   help="a model directory (with tokenizer/ inside) or a training run directory (its latest checkpoint)")
+    p.add_argument("--tokenizer", default=None, help="tokenizer directory (default: found beside the checkpoint)")
+    p.add_argument("--adapter", action="append", default=[], metavar="NAME=DIR",
+                   help="serve a LoRA adapter (groundup's or peft's layout) as model NAME (repeatable)")
+    p.add_argument("--name", default=None, help="the base model's name in the API (default: the checkpoint's directory name)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
+    p.add_argument("--port", type=int, default=8000, help="(default: 8000)")
+    p.add_argument("--api-key", default=os.environ.get("GROUNDUP_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' (default: $GROUNDUP_API_KEY, else no key)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default: cpu)")
+    p.add_argument("--dtype", default="float32", help="float32 or bfloat16 (default: float32)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    g = p.add_argument_group("limits")
+    g.add_argument("--max-batch", type=int, default=16, help="rows decoded together (default: 16)")
+    g.add_argument("--max-tokens", type=int, default=None, help="most new tokens per choice (default: the context)")
+    g.add_argument("--max-n", type=int, default=None, help="most choices per prompt (default: --max-batch)")
+    g.add_argument("--max-body-bytes", type=int, default=8 << 20, help="largest request body (default: 8 MiB)")
+    g.add_argument("--max-waiting", type=int, default=1024, help="queued requests before 503 (default: 1024)")
+    g.add_argument("--max-prefill-tokens", type=int, default=2048,
+                   help="prompt tokens prefilled between two decode steps; more: new requests start sooner, "
+                        "running ones pause longer (default: 2048)")
+    g.add_argument("--cache-headroom", type=int, default=None,
+                   help="KV cache columns past the context per slot; the cache shifts once per this many steps "
+                        "(default: max(64, context / 2))")
+    g.add_argument("--grace", type=float, default=30.0, help="seconds in-flight requests get at shutdown (default: 30)")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--access-log", action="store_true", help="log every request")
+
+
+def parse_adapters(specs: list[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for spec in specs:
+        name, sep, directory = spec.partition("=")
+        if not sep or not name or not directory:
+            raise ConfigError(f"--adapter {spec!r}: expected NAME=DIR", key="adapter")
+        if name in out:
+            raise ConfigError(f"--adapter {name}: given twice", key="adapter")
+        out[name] = directory
+    return out
+
+
+def build_server(args: argparse.Namespace):
+    import torch
+
+    from groundup.infer.loading import load_for_inference
+    from groundup.serve.server import Limits, Server
+
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ConfigError(f"--threads {args.threads}: expected a positive integer", key="threads")
+        torch.set_num_threads(args.threads)
+    adapters = parse_adapters(args.adapter)
+    limits = Limits(max_batch=args.max_batch, max_tokens=args.max_tokens, max_n=args.max_n,
+                    max_body_bytes=args.max_body_bytes, max_waiting=args.max_waiting,
+                    max_prefill_tokens=args.max_prefill_tokens, cache_headroom=args.cache_headroom)
+    limits.validate()
+    model, tok = load_for_inference(args.checkpoint, args.device, args.dtype, args.tokenizer)
+    name = args.name or Path(args.checkpoint).resolve().name
+    return Server(model, tok, name=name, adapters=adapters, limits=limits, api_key=args.api_key or None)
+
+
+def serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from groundup.serve.app import create_app
+
+    if not 0 <= args.port < 65536:
+        raise ConfigError(f"--port {args.port}: expected 0..65535", key="port")
+    server = build_server(args)
+    app = create_app(server)
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                            access_log=args.access_log, timeout_graceful_shutdown=args.grace)
+    if args.host not in ("127.0.0.1", "localhost", "::1") and not server.api_key:
+        print(f"warning: listening on {args.host} without --api-key: anyone who can reach this port can use the model",
+              file=sys.stderr)
+    names = ", ".join(server.model_names())
+    where = f"http://{args.host}:{args.port}"
+    print(f"serving {names} on {where} (chat page: {where}/, API: {where}/v1; "
+          f"batch {server.limits.max_batch}, context {server.context}"
+          f"{', API key required' if server.api_key else ''})", file=sys.stderr, flush=True)
+    graceful_server(config).run()
+    print("server stopped", file=sys.stderr, flush=True)
+    return 0
+
+
+def graceful_server(config):
+    """uvicorn's server, with SIGINT/SIGTERM meaning: stop accepting, finish in-flight requests within
+    the grace period, exit normally (uvicorn itself re-raises the signal once done); a second
+    SIGINT exits at once (uvicorn's handle_exit)."""
+    import uvicorn
+
+    class GracefulServer(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self):
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            previous = {s: signal.signal(s, self.handle_exit) for s in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for s, handler in previous.items():
+                    signal.signal(s, handler)
+
+    return GracefulServer(config)

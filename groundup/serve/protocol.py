@@ -1,0 +1,216 @@
+"""Request bodies as OpenAI and vLLM define them, validated, and the one error object every failure uses.
+
+    req = parse(CompletionRequest, body_bytes)       # APIError (400) naming the field on any fault
+
+Fields follow OpenAI's API reference (completions, chat completions) plus vLLM's sampling extras
+(`top_k`, `min_p`, `repetition_penalty`, `ignore_eos`) and its `/tokenize` and `/detokenize`.
+Defaults are OpenAI's: temperature 1, top_p 1, n 1, completions max_tokens 16; chat max_tokens =
+whatever the context leaves (capped by the server's limit). `seed` absent = a fresh random seed.
+
+Refused with a 400 that names the field (OpenAI's `{"error": {"message", "type", "param", "code"}}`):
+malformed JSON, a wrong type or out-of-range value, an unknown field (OpenAI's behaviour; a
+did-you-mean hint), and what is accepted by OpenAI but not implemented here with a non-default
+value (presence/frequency penalties, logit_bias, tools, JSON response formats, suffix, best_of > n,
+non-text message parts), so that nothing is silently ignored.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM: usage in every chunk
+
+
+class _Sampling(_Strict):
+    model: str | None = None
+    max_tokens: int | None = Field(None, ge=0)
+    temperature: float | None = Field(None, ge=0, allow_inf_nan=False)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=-1)  # -1 and 0: off
+    min_p: float | None = Field(None, ge=0, lt=1)
+    repetition_penalty: float | None = Field(None, gt=0, allow_inf_nan=False)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    logit_bias: dict[str, float] | None = None
+    seed: int | None = Field(None, ge=-(2**63), lt=2**63)
+    stop: str | list[str] | None = None
+    n: int = Field(1, ge=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    ignore_eos: bool = False
+
+    @field_validator("stop")
+    @classmethod
+    def _stop(cls, v):
+        stops = [v] if isinstance(v, str) else list(v or [])
+        if len(stops) > 16:
+            raise ValueError("at most 16 stop strings")
+        if any(not s for s in stops):
+            raise ValueError("stop strings must be non-empty")
+        return stops
+
+    @model_validator(mode="after")
+    def _unsupported(self):
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(self, name):
+                raise ValueError(f"{name} is not supported by this server (use repetition_penalty)")
+        if self.logit_bias:
+            raise ValueError("logit_bias is not supported by this server")
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options is only allowed when stream is true")
+        return self
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    echo: bool = False
+    logprobs: int | None = Field(None, ge=0, le=20)
+    suffix: str | None = None
+    best_of: int | None = Field(None, ge=1)
+
+    @model_validator(mode="after")
+    def _completion(self):
+        if self.suffix:
+            raise ValueError("suffix is not supported by this server")
+        if self.best_of is not None and self.best_of != self.n:
+            raise ValueError("best_of is not supported by this server (only best_of = n)")
+        if isinstance(self.prompt, list) and not self.prompt:
+            raise ValueError("prompt is an empty list")
+        return self
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(part.text for part in self.content)
+        return self.content or ""
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=0)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    response_format: dict[str, Any] | None = None
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
+    service_tier: str | None = None
+
+    @model_validator(mode="after")
+    def _chat(self):
+        if self.tools:
+            raise ValueError("tools are not supported by this server")
+        if self.tool_choice not in (None, "none"):
+            raise ValueError("tool_choice is not supported by this server")
+        if self.response_format and self.response_format.get("type") != "text":
+            raise ValueError("response_format: only {'type': 'text'} is supported by this server")
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs = true")
+        return self
+
+    @property
+    def token_limit(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+class TokenizeRequest(_Strict):
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = True  # prompt: put the tokenizer's prefix first, as completions do
+    add_generation_prompt: bool = True  # messages: end with the assistant's turn opening
+    return_token_strs: bool = False
+
+    @model_validator(mode="after")
+    def _one(self):
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give exactly one of prompt and messages")
+        return self
+
+
+class DetokenizeRequest(_Strict):
+    model: str | None = None
+    tokens: list[int]
+
+
+def parse(model_cls: type[BaseModel], raw: bytes):
+    """A validated request from a body, or APIError(400) naming the first bad field."""
+    try:
+        data = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise APIError(400, f"the request body is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise APIError(400, f"the request body must be a JSON object, not {type(data).__name__}")
+    try:
+        return model_cls.model_validate(data)
+    except ValidationError as e:
+        raise _error_from(e, model_cls) from None
+
+
+def _error_from(e: ValidationError, model_cls: type[BaseModel]) -> APIError:
+    errors = e.errors()
+    err = errors[0]
+    loc = [str(p) for p in err["loc"]]
+    tag = next((i for i, p in enumerate(loc) if "[" in p or p in _TAGS), None)
+    if tag is not None:  # a union: one error per alternative; name the field, not the alternatives
+        loc = loc[:tag]
+        err = {"type": "union", "msg": _UNION_MESSAGES.get(loc[-1], "invalid value") if loc else "invalid value",
+               "input": None}
+    param = ".".join(loc) or None
+    message = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        from groundup.config import did_you_mean
+
+        fields = model_cls.model_fields if len(loc) == 1 else {}
+        return APIError(400, f"Unrecognized request argument supplied: {loc[-1]}{did_you_mean(loc[-1], fields)}",
+                        param=param, code="unknown_parameter")
+    if err["type"] == "missing":
+        return APIError(400, f"Missing required parameter: '{param}'.", param=param, code="missing_required_parameter")
+    if param is None:  # a check across fields: its message starts with the field it is about
+        first = message.split(" ", 1)[0].rstrip(":")
+        param = first if first in model_cls.model_fields else None
+        return APIError(400, message, param=param, code="invalid_value")
+    got = err.get("input")
+    shown = "" if isinstance(got, (dict, list)) or got is None else f" (got {json.dumps(got)[:80]})"
+    return APIError(400, f"{param}: {message}{shown}", param=param, code="invalid_value")
+
+
+_TAGS = {"str", "int", "float", "bool", "dict", "list", "none", "TextPart"}
+_UNION_MESSAGES = {
+    "prompt": "expected a string, a list of strings, a list of token ids or a list of token id lists",
+    "stop": "expected a string or a list of strings",
+    "content": "expected a string or a list of {\"type\": \"text\", \"text\": ...} parts (only text is supported)",
+}

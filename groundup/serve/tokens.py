@@ -1,0 +1,90 @@
+"""Text and token ids at the server's edge: prompts, chats, token strings, tokenizer facts.
+
+- A completions prompt (and `/tokenize`'s) is the tokenizer's prefix (`prefix_ids`, e.g. groundup's
+  end-of-text: the context every training document starts in; what `Generator` puts first too)
+  followed by the text, in which special-token spellings such as `<|end_of_text|>` are the special
+  tokens, as vLLM and Hugging Face tokenizers read a raw prompt (so lm-evaluation-harness finds the
+  end-of-text id through `/tokenize`). A prompt given as token ids is used as it is.
+- Chat messages go through the tokenizer's chat format (`render_chat`), where message content is
+  plain text: a user cannot forge a turn by typing a role marker.
+- A token's string is its own decoding (special tokens spelled out; a lone byte of a multi-byte
+  character shows as U+FFFD, its `bytes` say what it is).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Sequence
+
+from groundup.serve.protocol import APIError, ChatMessage
+
+
+class TokenText:
+    def __init__(self, tokenizer):
+        self.tok = tokenizer
+        self.specials = {tokenizer.decode([i]): i for i in sorted(tokenizer.special_token_ids)}
+        self.specials = {s: i for s, i in self.specials.items() if s}
+        spellings = sorted(self.specials, key=len, reverse=True)
+        self.pattern = re.compile("(" + "|".join(map(re.escape, spellings)) + ")") if spellings else None
+        self._strings: dict[int, str] = {}
+
+    # ------------------------------------------------------------------ text -> ids
+
+    def encode(self, text: str, add_prefix: bool = True) -> list[int]:
+        ids = list(self.tok.prefix_ids) if add_prefix else []
+        if self.pattern is None:
+            return ids + self.tok.encode(text)
+        for i, piece in enumerate(self.pattern.split(text)):
+            if i % 2:
+                ids.append(self.specials[piece])
+            elif piece:
+                ids.extend(self.tok.encode(piece))
+        return ids
+
+    def chat(self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True) -> list[int]:
+        plain = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in messages]
+        try:
+            ids, _ = self.tok.render_chat(plain, add_generation_prompt=add_generation_prompt)
+        except Exception as e:  # noqa: BLE001 - DataError, or a Jinja template's own exception
+            raise APIError(400, f"messages: {e}", param="messages") from None
+        return ids
+
+    def check_ids(self, ids: Sequence[int], param: str) -> list[int]:
+        vocab = self.tok.vocab_size
+        for i in ids:
+            if not isinstance(i, int) or not 0 <= i < vocab:
+                raise APIError(400, f"{param}: token id {i} is outside the vocabulary (0..{vocab - 1})", param=param)
+        return list(ids)
+
+    # ------------------------------------------------------------------ ids -> text
+
+    def string(self, token_id: int) -> str:
+        s = self._strings.get(token_id)
+        if s is None:
+            s = self._strings[token_id] = self.tok.decode([token_id])
+        return s
+
+    def bytes(self, token_id: int) -> list[int]:
+        return list(self.tok.id_to_bytes(token_id))
+
+    def shown_length(self, token_id: int) -> int:
+        """Characters the token adds to a response's text (special tokens are not shown)."""
+        return 0 if self.tok.is_special(token_id) else len(self.string(token_id))
+
+    def info(self, context: int) -> dict:
+        """`/tokenizer_info`, as vLLM answers it. lm-evaluation-harness reads `eos_token`, `chat_template`
+        and `bos_token`, which it puts before an empty context: so `bos_token` here is the token this
+        tokenizer puts before a document (`prefix_ids`: groundup's end-of-text), and the chat format's
+        begin-of-text token is `chat_bos_token`."""
+        tok = self.tok
+        prefix = list(tok.prefix_ids)
+
+        def spelling(i):
+            return None if i is None else self.string(i)
+
+        return {"tokenizer_class": type(tok).__name__, "backend": tok.backend, "vocab_size": tok.vocab_size,
+                "model_max_length": context, "eos_token": spelling(tok.eot_id),
+                "bos_token": spelling(prefix[0]) if prefix else None, "chat_bos_token": spelling(tok.bos_id),
+                "pad_token": spelling(tok.pad_id), "end_of_turn_token": spelling(tok.end_of_turn_id),
+                "stop_token_ids": sorted(tok.stop_ids), "prefix_token_ids": list(tok.prefix_ids),
+                "chat_template": tok.chat_template, "hash": tok.hash}
