@@ -13,7 +13,9 @@ MICRO = ["limit_per_source=40", "math_count=300", "chunk_chars=3000", "probe_ste
          "pretrain.model.n_heads=4", "pretrain.model.d_ff=128", "pretrain.model.max_seq_len=64",
          "pretrain.train.seq_len=64", "pretrain.train.batch_size=8", "pretrain.eval.max_batches=2",
          "pretrain.schedule.peak_lr=1e-2", "samples.max_new_tokens=8", "tokenize.val_fraction=0.1",
-         "tokenizer.holdout_fraction=0.1"]
+         "tokenizer.holdout_fraction=0.1",
+         # A 40-chunk slice holds one or two works: holding out whole works would leave no text on one side.
+         'tokenize.split_group=""', 'tokenizer.holdout_group=""']
 
 
 @pytest.fixture(scope="module")

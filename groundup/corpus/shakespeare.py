@@ -12,6 +12,17 @@ from importlib import resources
 from typing import Iterator
 
 ARCHIVE = "shakespeare.tar.xz"
+# First Folio file names that spell the work differently from the modern edition's.
+FOLIO_SPELLINGS = {"all_is_well_that_ends_well": "alls_well_that_ends_well", "anthonie_and_cleopatra":
+                   "antony_and_cleopatra", "comedy_of_errours": "comedy_of_errors", "loves_labour_lost":
+                   "loves_labours_lost", "midsummer_nights_dreame": "midsummer_nights_dream",
+                   "titus_andronicus": "tragedy_of_titus_andronicus", "twelfe-night": "twelfth_night"}
+
+
+def work_name(file_name: str) -> str:
+    """The work a file holds, the same for both editions: `hamlet_gut_f` and `hamlet_gut` -> `hamlet`."""
+    stem = file_name.removesuffix("_f").removesuffix("_gut")
+    return FOLIO_SPELLINGS.get(stem, stem)
 
 
 def iter_shakespeare() -> Iterator[dict]:
@@ -29,4 +40,5 @@ def iter_shakespeare() -> Iterator[dict]:
                     "domain": "text",
                     "text": data.decode("utf-8").replace("\r\n", "\n"),
                     "edition": "first-folio" if name.endswith("_gut_f") else "modern",
+                    "work": work_name(name),
                 }

@@ -22,6 +22,19 @@ from groundup.io import atomic_open
 OUTPUT_COLUMNS = ("id", "source", "domain", "text", "url", "language", "quality", "meta")
 
 
+def record_field(record: dict, name: str):
+    """A record's field, top-level or inside a curated shard's `meta` JSON (None when absent)."""
+    if name in record:
+        return record[name]
+    meta = record.get("meta")
+    if isinstance(meta, str) and name in meta:
+        try:
+            meta = json.loads(meta)
+        except ValueError:
+            return None
+    return meta.get(name) if isinstance(meta, dict) else None
+
+
 def output_path(shards_dir: Path, index: int, fmt: str) -> Path:
     return shards_dir / f"part-{index:05d}.{'parquet' if fmt == 'parquet' else 'jsonl'}"
 

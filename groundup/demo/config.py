@@ -19,8 +19,8 @@ from groundup.tokens.shards import TokenizeConfig
 from groundup.tokenizer.train import TokenizerConfig
 from groundup.train.config import TrainConfig
 
-# A Shakespeare chunk's id is shakespeare/<work>_gut[_f]#NNNN: the group is the work, both editions.
-WORKS = r"^shakespeare/(.+?)_gut(?:_f)?(?:#|$)"
+# Every Shakespeare record names its `work`, the same for both editions and all chunks of a play.
+WORKS = "work"
 
 # The demo's model: sized for a 2-core CPU and a 15-minute budget (docs/demo-recipe.md).
 # Small and fast wins at this budget: more tokens through a smaller model beat a wider or deeper one.
@@ -81,8 +81,9 @@ class DemoConfig:
     # Held out: whole works of Shakespeare (every chunk and both editions of each), so the text figure
     # measures generalisation, not recall of the other edition of the same play.
     tokenizer: TokenizerConfig = field(default_factory=lambda: TokenizerConfig(
-        vocab_size=4096, holdout_fraction=0.02, holdout_group=WORKS))
-    tokenize: TokenizeConfig = field(default_factory=lambda: TokenizeConfig(val_fraction=0.02, split_group=WORKS))
+        vocab_size=4096, holdout_fraction=0.02, holdout_group=WORKS, holdout_group_fraction=0.1))
+    tokenize: TokenizeConfig = field(default_factory=lambda: TokenizeConfig(
+        val_fraction=0.02, split_group=WORKS, split_group_fraction=0.1))
     pretrain: TrainConfig = field(default_factory=_pretrain)
     samples: SampleConfig = field(default_factory=SampleConfig)
 
@@ -92,8 +93,9 @@ class DemoConfig:
         for key in ("probe_steps", "min_steps", "evals", "chunk_chars", "math_count"):
             if getattr(self, key) < 1:
                 fail(key, getattr(self, key), "a positive integer")
-        if (self.tokenizer.holdout_fraction, self.tokenizer.seed, self.tokenizer.holdout_group) != (
-                self.tokenize.val_fraction, self.tokenize.seed, self.tokenize.split_group):
+        if (self.tokenizer.holdout_fraction, self.tokenizer.seed, self.tokenizer.holdout_group,
+                self.tokenizer.holdout_group_fraction) != (self.tokenize.val_fraction, self.tokenize.seed,
+                                                           self.tokenize.split_group, self.tokenize.split_group_fraction):
             fail("tokenizer.holdout_fraction", self.tokenizer.holdout_fraction,
                  f"tokenize.val_fraction ({self.tokenize.val_fraction}) with the same seed, so that the "
                  "tokenizer never trains on validation documents")

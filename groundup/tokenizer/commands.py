@@ -11,7 +11,6 @@ documents are exactly the validation documents) and reports bytes per token on t
 from __future__ import annotations
 
 import argparse
-import re
 import time
 from pathlib import Path
 from typing import Iterator
@@ -33,11 +32,12 @@ def train_arguments(p: argparse.ArgumentParser) -> None:
 def train(args: argparse.Namespace) -> None:
     from groundup.data.readers import ReadStats, iter_records
     from groundup.data.hashing import record_score
+    from groundup.data.output import record_field
     from groundup.tokenizer.stats import format_stats, tokenizer_stats
     from groundup.tokenizer.train import TokenizerConfig, train_tokenizer
 
     cfg = load_cli_config(TokenizerConfig, args, vocab_size=args.vocab_size)
-    group = re.compile(cfg.holdout_group) if cfg.holdout_group else None
+    scale = cfg.holdout_fraction / (cfg.holdout_group_fraction or cfg.holdout_fraction or 1.0)
     out = ensure_writable_dir(args.out)
     stats, heldout = ReadStats(), []
     held = {"bytes": 0, "documents": 0}
@@ -45,7 +45,8 @@ def train(args: argparse.Namespace) -> None:
     def texts() -> Iterator[str]:
         for record in iter_records(args.input, stats):
             text = record["text"]
-            if cfg.holdout_fraction and record_score(record["id"], text, cfg.seed, group) < cfg.holdout_fraction:
+            group = record_field(record, cfg.holdout_group) if cfg.holdout_group else None
+            if cfg.holdout_fraction and record_score(text, cfg.seed, group, scale) < cfg.holdout_fraction:
                 held["documents"] += 1
                 if held["bytes"] < HELDOUT_LIMIT:
                     heldout.append(record)
@@ -85,6 +86,7 @@ def stats_arguments(p: argparse.ArgumentParser) -> None:
 def stats(args: argparse.Namespace) -> None:
     from groundup.data.readers import ReadStats, iter_records
     from groundup.data.hashing import record_score
+    from groundup.data.output import record_field
     from groundup.tokenizer import load_tokenizer
     from groundup.tokenizer.stats import format_stats, tokenizer_stats
 
@@ -97,8 +99,10 @@ def stats(args: argparse.Namespace) -> None:
             raise DataError(f"{args.tokenizer}: no held-out documents recorded (trained with holdout_fraction 0 "
                             "or not by 'groundup tokenizer train')")
         fraction, seed = trained["holdout_fraction"], trained.get("seed", 0)
-        group = re.compile(trained["holdout_group"]) if trained.get("holdout_group") else None
-        records = (r for r in records if record_score(r["id"], r["text"], seed, group) < fraction)
+        field = trained.get("holdout_group") or ""
+        scale = fraction / (trained.get("holdout_group_fraction") or fraction)
+        records = (r for r in records
+                   if record_score(r["text"], seed, record_field(r, field) if field else None, scale) < fraction)
     report = tokenizer_stats(tok, records, longest=args.longest)
     if not report["total"]["documents"]:
         raise DataError(f"no documents to measure in {', '.join(map(str, args.input))}")

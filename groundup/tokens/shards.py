@@ -46,7 +46,8 @@ import numpy as np
 import xxhash
 
 from groundup.config import fail
-from groundup.data.hashing import document_score, split_score as _score
+from groundup.data.hashing import document_score, record_score, split_score as _score
+from groundup.data.output import record_field
 from groundup.errors import DataError
 from groundup.io import atomic_open, atomic_write_json, ensure_writable_dir, read_json
 from groundup.schema import check, relative_file
@@ -66,9 +67,11 @@ class TokenizeConfig:
     shard_tokens: int = 1 << 27  # start a new file after this many tokens (256 MB at uint16)
     batch_bytes: int = 1 << 20  # text per unit of work sent to an encoding process
     default_domain: str | None = None  # domain of records that name none (default: "text")
-    # Keep documents together in one split: a regex on the record id whose first group names the
-    # document's group (e.g. a work, with all its chunks and editions); unmatched ids split alone.
+    # Keep documents together in one split: a record field naming each document's group (e.g. "work":
+    # every chunk and edition of a play); records without it split alone. Curated shards keep such
+    # fields in their `meta` column, which is read too.
     split_group: str = ""
+    split_group_fraction: float = 0.0  # the share of groups held out; 0: val_fraction
 
     def validate(self) -> None:
         if not 0.0 <= self.val_fraction < 1.0:
@@ -79,12 +82,9 @@ class TokenizeConfig:
             fail("shard_tokens", self.shard_tokens, "a positive integer")
         if self.batch_bytes < 1:
             fail("batch_bytes", self.batch_bytes, "a positive integer")
-        if self.split_group:
-            try:
-                if re.compile(self.split_group).groups < 1:
-                    fail("split_group", self.split_group, "a regex with a capturing group (the group's name)")
-            except re.error as e:
-                fail("split_group", self.split_group, f"a valid regex ({e})")
+        if not 0.0 <= self.split_group_fraction < 1.0:
+            fail("split_group_fraction", self.split_group_fraction, "a number in [0, 1) (0: val_fraction)")
+
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -265,7 +265,8 @@ def _batches(records, cfg: TokenizeConfig, metas: collections.deque, skipped: co
         if not text:
             skipped["empty"] += 1
             continue
-        meta.append((record["id"], record["source"], record["domain"]))
+        group = record_field(record, cfg.split_group) if cfg.split_group else None
+        meta.append((record["id"], record["source"], record["domain"], group))
         texts.append(text)
         size += len(text)
         if size >= cfg.batch_bytes:
@@ -317,27 +318,30 @@ def tokenize_to_shards(inputs: list[str | Path], tokenizer, out: str | Path, cfg
     records = iter_records(inputs, stats, cfg.default_domain)
     shards, order = _ShardSet(out, cfg.shard_tokens), 0
     splitter = _Splitter(cfg.val_fraction, ", ".join(map(str, inputs)))
-    grouping = re.compile(cfg.split_group) if cfg.split_group else None
+    group_scale = cfg.val_fraction / (cfg.split_group_fraction or cfg.val_fraction or 1.0)
     groups: dict[str, set[str]] = {split: set() for split in SPLITS}
+    group_of: dict[str, str] = {}
     bar = tqdm(desc="tokenize", unit="B", unit_scale=True, disable=not progress)
     try:
         for tokens, lengths, nbytes, scores in map_batches(tok, _batches(records, cfg, metas, skipped), encode,
                                                            cfg.workers):
             ends = np.cumsum(lengths)
-            for k, (rid, source, domain) in enumerate(metas.popleft()):
+            for k, (rid, source, domain, group) in enumerate(metas.popleft()):
                 score = float(scores[k])
-                match = grouping.search(rid) if grouping else None
-                if match:  # the group decides the split: every chunk and edition of a work lands together
-                    score = _score(match.group(1).encode("utf-8", "surrogatepass"), cfg.seed)
+                if group is not None:  # the group decides: every chunk and edition of a work goes together
+                    score = record_score("", cfg.seed, group, group_scale)
+                    group_of[rid] = str(group)
                 doc = _Doc(tokens[ends[k] - lengths[k]:ends[k]], rid, source, domain, int(nbytes[k]), score, order)
                 order += 1
                 for split, d in splitter.add(doc):
                     shards.add(split, d)
-                    _note_group(groups, grouping, split, d)
+                    if d.id in group_of:
+                        groups[split].add(group_of[d.id])
             bar.update(int(nbytes.sum()))
         for split, d in splitter.finish():
             shards.add(split, d)
-            _note_group(groups, grouping, split, d)
+            if d.id in group_of:
+                groups[split].add(group_of[d.id])
         splits = shards.close()
     except BaseException:
         shards.abort()
@@ -352,17 +356,12 @@ def tokenize_to_shards(inputs: list[str | Path], tokenizer, out: str | Path, cfg
         **{k: sum(splits[s][k] for s in SPLITS) for k in ("tokens", "documents", "bytes")},
         "skipped_empty": skipped["empty"], "read": stats.to_dict(), "inputs": [str(p) for p in inputs],
         "seconds": round(time.perf_counter() - start, 3), "splits": splits,
-        "split_group": cfg.split_group or None, "groups": {s: sorted(g) for s, g in groups.items()} if grouping else None,
+        "split_group": cfg.split_group or None,
+        "groups": {s: sorted(g) for s, g in groups.items()} if cfg.split_group else None,
     }
     atomic_write_json(out / INDEX_FILE, index)
     _remove_stale(out, index)
     return index
-
-
-def _note_group(groups: dict, grouping, split: str, doc) -> None:
-    match = grouping.search(doc.id) if grouping else None
-    if match:
-        groups[split].add(match.group(1))
 
 
 def _remove_stale(out: Path, index: dict) -> None:

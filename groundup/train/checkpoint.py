@@ -8,6 +8,10 @@
         meta.json                        step, config, world size, metrics.jsonl offset, checksums
     RUN/checkpoints/latest               the newest complete step directory's name, written last
 
+FSDP2 and tensor-parallel runs write their optimizer and model state as per-process shards through
+torch.distributed.checkpoint beside the same files (dcp.py describes that layout); the model
+directory is still there, consolidated from the shards, so every reader works unchanged.
+
 Everything loads without running code: safetensors, TOML, JSON and `torch.load(weights_only=True)`.
 A step directory is built under a temporary name and renamed into place, then the pointer is
 replaced; a kill at any moment leaves the previous checkpoint and pointer intact. `meta.json`
@@ -57,12 +61,31 @@ def save_checkpoint(run_dir: Path, step: int, cfg, model_state: dict | Callable[
         _save_pt(optimizer_state, tmp / "optimizer.pt")
         _save_pt({"ranks": loader_states}, tmp / "loader.pt")
         _save_pt(trainer_state, tmp / "trainer.pt")
-        files = {p.name: file_digest(p) for p in sorted(tmp.iterdir()) if p.is_file()}
-        atomic_write_json(tmp / CHECKPOINT_META_FILE, {"format": CHECKPOINT_FORMAT, "version": 1, "step": step,
-                                            "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                                            "config": config_to_dict(cfg), **meta, "files": files})
+        _seal(tmp, step, cfg, meta)
     atomic_write_text(latest_pointer(run_dir), final.name + "\n")  # last: vouches for a complete dir
     return final
+
+
+def finish_sharded(tmp: Path, step: int, cfg, model_state: dict, optimizer_groups: dict, loader_states: list[dict],
+                   trainer_state: dict, meta: dict, digests: dict[str, str]) -> None:
+    """The main process's part of a sharded checkpoint, once every process's shards are in `tmp`:
+    the consolidated model directory, the small files, and meta.json (the caller renames and points)."""
+    from groundup.train.dcp import GROUPS_FILE
+
+    save_model(build_from_state(cfg.model, model_state), tmp)
+    _save_pt(optimizer_groups, tmp / GROUPS_FILE)
+    _save_pt({"ranks": loader_states}, tmp / "loader.pt")
+    _save_pt(trainer_state, tmp / "trainer.pt")
+    _seal(tmp, step, cfg, meta, digests)
+
+
+def _seal(tmp: Path, step: int, cfg, meta: dict, digests: dict[str, str] | None = None) -> None:
+    """meta.json with every file's digest (`digests`: those each process computed for its own shards)."""
+    digests = digests or {}
+    files = {p.name: digests.get(p.name) or file_digest(p) for p in sorted(tmp.iterdir()) if p.is_file()}
+    atomic_write_json(tmp / CHECKPOINT_META_FILE, {"format": CHECKPOINT_FORMAT, "version": 1, "step": step,
+                                                   "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                                                   "config": config_to_dict(cfg), **meta, "files": files})
 
 
 def load_plain_pickle(path: Path):
@@ -82,15 +105,21 @@ def load_plain_pickle(path: Path):
 
 
 def load_checkpoint(step_dir: Path) -> dict:
-    """Everything a checkpoint holds, loaded without running code from it."""
+    """Everything a checkpoint holds, loaded without running code from it.
+
+    A sharded checkpoint's model and optimizer state stay on disk ("sharded": True): restore_state
+    reads the shards this process needs (dcp.restore)."""
     def pt(name: str):
         return load_plain_pickle(step_dir / name)
 
+    meta = read_checkpoint_meta(step_dir)
+    common = {"meta": meta, "dir": step_dir, "loader": pt("loader.pt")["ranks"], "trainer": pt("trainer.pt")}
+    if "sharded" in meta:
+        return {**common, "sharded": True, "model": None, "optimizer": None}
     model = load_state(step_dir / WEIGHTS_FILE) if (step_dir / WEIGHTS_FILE).is_file() else None
     if model is None and not (step_dir / ADAPTER_WEIGHTS_FILE).is_file():
         raise CheckpointError(f"{step_dir}: neither {WEIGHTS_FILE} nor {ADAPTER_WEIGHTS_FILE}")
-    return {"meta": read_checkpoint_meta(step_dir), "model": model, "dir": step_dir,
-            "optimizer": pt("optimizer.pt"), "loader": pt("loader.pt")["ranks"], "trainer": pt("trainer.pt")}
+    return {**common, "model": model, "optimizer": pt("optimizer.pt")}
 
 
 def rotate(run_dir: Path, every: int, keep_last: int, keep_every: int) -> list[str]:

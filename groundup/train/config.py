@@ -118,6 +118,10 @@ class CheckpointConfig:
     every: int = 100  # steps between checkpoints; the final step is always saved
     keep_last: int = 5  # recent checkpoints kept
     keep_every: int = 10  # also keep every 10th checkpoint (step a multiple of every * keep_every); 0 = none
+    # Sharded runs (FSDP2, tensor parallel): write the shards in the background from a CPU copy
+    # while training continues; `latest` moves only once every shard and meta.json are written.
+    # Single-process and DDP runs always save synchronously.
+    async_save: bool = False
 
     def validate(self) -> None:
         if self.every < 1:
@@ -183,6 +187,20 @@ class DistributedConfig:
     # stay sharded (a 12B model's unsharded fp32 gradients are 48 GB per GPU); "last" waits for the
     # last micro-batch (less communication, every layer's full gradient held in the meantime).
     fsdp_grad_sync: Literal["every", "last"] = "every"
+    # Tensor parallelism: attention heads and MLP width split over `tp` processes (consecutive ranks,
+    # so keep it within a node); the processes / tp data-parallel groups shard with FSDP2 on a
+    # (dp, tp) mesh. 1 = off. Needs strategy "fsdp" and tp dividing the world size and the heads.
+    tp: int = 1
+    sequence_parallel: bool = False  # with tp > 1: norms and residuals split by sequence (less memory)
+
+    def validate(self) -> None:
+        if self.tp < 1:
+            fail("tp", self.tp, "a positive integer (1 = no tensor parallelism)")
+        if self.tp > 1 and self.strategy != "fsdp":
+            fail("tp", self.tp, "1 unless distributed.strategy = 'fsdp' (tensor parallelism composes with "
+                 "FSDP2; with one data-parallel group FSDP only adds its wrapper)")
+        if self.sequence_parallel and self.tp == 1:
+            fail("sequence_parallel", True, "false unless distributed.tp > 1")
 
 
 @dataclass

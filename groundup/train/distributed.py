@@ -1,13 +1,21 @@
-"""Data parallelism with torch's own engine: DDP or FSDP2 (`fully_shard`) under torchrun.
+"""Parallelism with torch's own engines under torchrun: DDP, FSDP2 (`fully_shard`), and FSDP2 x tensor parallel.
 
     torchrun --nproc-per-node 8 -m groundup train --config run.toml --out RUN distributed.strategy=fsdp
+    torchrun --nproc-per-node 8 -m groundup train ... distributed.strategy=fsdp distributed.tp=2
 
 One process (no torchrun, or WORLD_SIZE=1) trains a plain module. More than one: a process group
 (NCCL on GPUs, gloo on CPUs) and either DistributedDataParallel or FSDP2 with each transformer
-block and then the whole model sharded over a 1-D device mesh (an explicit CPU mesh when there
-is no GPU). Checkpoints hold *full* state dicts keyed by parameter name, gathered with
-`torch.distributed.checkpoint.state_dict`, so a checkpoint written by any layout loads into any
-other, a single process included.
+block and then the whole model sharded over a device mesh (an explicit CPU mesh when there is no
+GPU). With `distributed.tp` > 1 the mesh is 2-D, (dp, tp): consecutive ranks form a tensor-parallel
+group (parallelize.py shards each block over it) and FSDP2 shards over dp.
+
+`Dist.rank` and `Dist.world_size` are *data-parallel*: the share of each batch this process reads
+and how many shares there are (processes / tp). The tp processes of a group read the same batch,
+so `Dist.sum` and `Dist.gather` count each replica once. `is_main` is global rank 0.
+
+Full state dicts (`full_model_state`, ...) are keyed by the plain model's parameter names (tensor
+parallelism's split projections fused back), gathered with `torch.distributed.checkpoint.state_dict`,
+so what one layout writes any other loads, a single process included.
 """
 
 from __future__ import annotations
@@ -15,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -23,31 +31,53 @@ from torch import nn
 
 from groundup.errors import ConfigError
 from groundup.train.config import TrainConfig
+from groundup.train.parallelize import (check_tp, fuse_param_groups, fuse_state, split_names, split_param_groups,
+                                        split_state, tensor_parallel)
 
 
 @dataclass
 class Dist:
-    rank: int = 0
-    world_size: int = 1
+    rank: int = 0  # data-parallel rank: which share of every batch this process reads
+    world_size: int = 1  # data-parallel replicas (processes / tp)
     local_rank: int = 0
     device: torch.device = torch.device("cpu")
     strategy: str = "single"  # single, ddp or fsdp
-    mesh: object = None
+    mesh: object = None  # FSDP's device mesh: 1-D, or 2-D (dp, tp) with tensor parallelism
+    tp: int = 1  # tensor-parallel degree
+    global_rank: int = 0
+    processes: int = 1
+    sequence_parallel: bool = False
+    ckpt_group: object = None  # a gloo group of every process for checkpoint I/O (see dcp.py)
+    pending: list = field(default_factory=list)  # checkpoints still being written (async_save)
 
     @property
     def is_main(self) -> bool:
-        return self.rank == 0
+        return self.global_rank == 0
 
     @property
     def active(self) -> bool:
-        return self.world_size > 1
+        return self.processes > 1
+
+    @property
+    def dp_mesh(self):
+        return self.mesh["dp"] if self.tp > 1 else self.mesh
+
+    @property
+    def sharded(self) -> bool:
+        """True when the model's state lives in shards (FSDP2, tensor parallel): checkpoints go through DCP."""
+        return self.strategy == "fsdp"
 
     def sum(self, values: list[float]) -> list[float]:
-        """Element-wise sum of a list of numbers over all processes (float64, so exact for counts)."""
+        """Element-wise sum over data-parallel replicas (float64, so exact for counts).
+
+        All processes take part; the tp processes of a replica hold the same values (same batch), so
+        the total is divided by tp. A per-process flag (stop, non-finite weights) stays non-zero."""
         t = torch.tensor(values, dtype=torch.float64)
         if self.active:
             t = t.to(self.device) if self.device.type == "cuda" else t
             dist.all_reduce(t)
+            if self.tp > 1:
+                t /= self.tp
         return t.cpu().tolist()
 
     def sum_tensor(self, t: torch.Tensor) -> torch.Tensor:
@@ -56,12 +86,12 @@ class Dist:
         return t
 
     def gather(self, obj) -> list:
-        """Every process's `obj`, on every process."""
+        """Every data-parallel replica's `obj` (its tp-rank-0 process's), on every process, by `rank`."""
         if not self.active:
             return [obj]
-        out = [None] * self.world_size
+        out = [None] * self.processes
         dist.all_gather_object(out, obj)
-        return out
+        return out[:: self.tp]
 
     def broadcast(self, obj):
         """The main process's `obj`, on every process."""
@@ -76,6 +106,10 @@ class Dist:
             dist.barrier()
 
     def close(self) -> None:
+        """Finish checkpoints still being written (a background write must not outlive the group), then leave."""
+        from groundup.train.dcp import wait_pending
+
+        wait_pending(self, raise_errors=False)
         if self.active and dist.is_initialized():
             dist.destroy_process_group()
 
@@ -102,25 +136,46 @@ def init_distributed(cfg: TrainConfig) -> Dist:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank, local = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
     device = pick_device(cfg.train.device, local)
+    dc = cfg.distributed
     if world == 1:
+        if dc.tp > 1:
+            raise ConfigError(f"distributed.tp = {dc.tp} needs {dc.tp} processes or a multiple (torchrun "
+                              f"--nproc-per-node {dc.tp}); this is one process", key="distributed.tp")
         return Dist(device=device)
+    if world % dc.tp:
+        raise ConfigError(f"distributed.tp = {dc.tp} must divide the number of processes ({world})",
+                          key="distributed.tp")
+    check_tp(cfg.model, dc.tp, cfg.train.seq_len, dc.sequence_parallel)
+    if dc.tp > 1 and dc.meta_init and device.type == "cpu":
+        # On CPU meshes DTensor has no RNG tracker, so shards initialised in place could not both
+        # differ across tp and agree across replicas.
+        raise ConfigError("distributed.meta_init with distributed.tp > 1 needs GPUs; on CPU build the model "
+                          "whole (meta_init = false)", key="distributed.meta_init")
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    backend = cfg.distributed.backend
+    backend = dc.backend
     if backend == "auto":
         backend = "nccl" if device.type == "cuda" else "gloo"
     if not dist.is_initialized():
         dist.init_process_group(backend, timeout=datetime.timedelta(minutes=30))
-    mesh = None
-    if cfg.distributed.strategy == "fsdp":
+    mesh, ckpt_group = None, None
+    if dc.strategy == "fsdp":
         from torch.distributed.device_mesh import init_device_mesh
 
-        mesh = init_device_mesh(device.type, (world,))
-    return Dist(rank, world, local, device, cfg.distributed.strategy, mesh)
+        if dc.tp > 1:  # tp innermost: a tp group is consecutive ranks, on one node when tp <= GPUs per node
+            mesh = init_device_mesh(device.type, (world // dc.tp, dc.tp), mesh_dim_names=("dp", "tp"))
+        else:
+            mesh = init_device_mesh(device.type, (world,))
+        # Checkpoint writes (DCP) exchange their plans on a group of their own: an async save's
+        # background thread must never interleave collectives with training's on the same group.
+        ckpt_group = dist.new_group(backend="gloo", timeout=datetime.timedelta(minutes=60))
+    return Dist(rank // dc.tp, world // dc.tp, local, device, dc.strategy, mesh, tp=dc.tp, global_rank=rank,
+                processes=world, sequence_parallel=dc.sequence_parallel, ckpt_group=ckpt_group)
 
 
 def wrap(model: nn.Module, d: Dist, mp_policy=None, find_unused: bool = False) -> nn.Module:
-    """The module the training step calls: the model itself, DDP around it, or FSDP2-sharded in place."""
+    """The module the training step calls: the model itself, DDP around it, or sharded in place
+    (tensor parallel over the tp mesh first, then FSDP2 over dp)."""
     if d.strategy == "ddp":
         from torch.nn.parallel import DistributedDataParallel
 
@@ -130,7 +185,9 @@ def wrap(model: nn.Module, d: Dist, mp_policy=None, find_unused: bool = False) -
     if d.strategy == "fsdp":
         from torch.distributed.fsdp import fully_shard
 
-        kwargs = {"mesh": d.mesh, **({"mp_policy": mp_policy} if mp_policy is not None else {})}
+        if d.tp > 1:
+            tensor_parallel(model, d.mesh["tp"], d.sequence_parallel)
+        kwargs = {"mesh": d.dp_mesh, **({"mp_policy": mp_policy} if mp_policy is not None else {})}
         for block in model.blocks:
             fully_shard(block, **kwargs)
         fully_shard(model, **kwargs)
@@ -156,13 +213,34 @@ def grad_sync(model: nn.Module, d: Dist, sync: bool, fsdp_every: bool = True):
 
 
 def total_norm(grads: list[torch.Tensor]) -> float:
-    """The global L2 norm of the gradients (FSDP shards included)."""
+    """The global L2 norm of the gradients, shards included.
+
+    Sharded gradients are DTensors on different meshes and layouts (FSDP's dp mesh; the 2-D (dp, tp)
+    mesh of tensor-parallel weights). Each process adds the squares of its local shards, each divided
+    by how many processes hold that same shard, and one all-reduce sums them: the same number on
+    every process, whatever the mix of layouts."""
     if not grads:
         return 0.0
-    norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
-    if hasattr(norm, "full_tensor"):  # a DTensor under FSDP: reduce the shards' partial norms
-        norm = norm.full_tensor()
-    return float(norm)
+    if not any(hasattr(g, "device_mesh") for g in grads):  # whole gradients (one process, DDP)
+        return float(torch.nn.utils.get_total_norm(grads, norm_type=2.0))
+    world = dist.get_world_size()
+    squares = torch.zeros((), dtype=torch.float64, device=grads[0].device)
+    for g in grads:
+        local, holders = g, world
+        if hasattr(g, "device_mesh"):
+            if any(p.is_partial() for p in g.placements):  # not yet summed over a mesh dimension: sum it
+                from torch.distributed.tensor import Replicate
+
+                g = g.redistribute(placements=[Replicate() if p.is_partial() else p for p in g.placements])
+            local = g.to_local()
+            shards = 1
+            for size, placement in zip(g.device_mesh.shape, g.placements):
+                # _StridedShard (FSDP over tensor-parallel shards) is a shard too, though not is_shard()
+                shards *= size if placement.is_shard() or hasattr(placement, "split_factor") else 1
+            holders = world // shards
+        squares += torch.linalg.vector_norm(local, dtype=torch.float32).double().square() / holders
+    dist.all_reduce(squares)
+    return float(squares) ** 0.5
 
 
 # ----------------------------------------------------------------------------- full state dicts
@@ -180,17 +258,18 @@ def full_model_state(model: nn.Module, d: Dist) -> dict[str, torch.Tensor]:
         return {k: v.detach().cpu() for k, v in unwrap(model).state_dict().items()} if d.is_main else {}
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-    return get_model_state_dict(model, options=_options(cpu_offload=True))
+    state = get_model_state_dict(model, options=_options(cpu_offload=True))
+    return fuse_state(state, split_names(model))
 
 
 def load_model_state(model: nn.Module, state: dict[str, torch.Tensor], d: Dist) -> None:
-    """Load a full state (every process holds it) into a plain, DDP or FSDP2 model."""
+    """Load a full state (every process holds it) into a plain, DDP, FSDP2 or tensor-parallel model."""
     if d.strategy != "fsdp":
         unwrap(model).load_state_dict(state, strict=True)
         return
     from torch.distributed.checkpoint.state_dict import set_model_state_dict
 
-    set_model_state_dict(model, state, options=_options())
+    set_model_state_dict(model, split_state(state, split_names(model)), options=_options())
 
 
 def full_optimizer_state(model: nn.Module, optimizers: list, d: Dist) -> dict:
@@ -199,10 +278,19 @@ def full_optimizer_state(model: nn.Module, optimizers: list, d: Dist) -> dict:
 
     if d.strategy != "fsdp" and not d.is_main:
         return {}
-    return get_optimizer_state_dict(unwrap(model), optimizers, options=_options(cpu_offload=True))
+    state = get_optimizer_state_dict(unwrap(model), optimizers, options=_options(cpu_offload=True))
+    splits = split_names(unwrap(model))
+    if not splits or not state:
+        return state
+    return {"state": fuse_state(state["state"], splits),
+            "param_groups": fuse_param_groups(state["param_groups"], splits)}
 
 
 def load_optimizer_state(model: nn.Module, optimizers: list, state: dict, d: Dist) -> None:
     from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
+    splits = split_names(unwrap(model))
+    if splits:
+        state = {"state": split_state(state["state"], splits),
+                 "param_groups": split_param_groups(state["param_groups"], splits)}
     set_optimizer_state_dict(unwrap(model), optimizers, state, options=_options())

@@ -187,7 +187,7 @@ def _loop(state: TrainState, log: MetricsLog, stop: dict, began: float) -> dict:
     fpt = flops_per_token(cfg.model, cfg.train.seq_len)
     compute_dtype = torch.float32 if state.precision.emulate else state.precision.compute_dtype
     peak, peak_source = peak_flops(d.device, compute_dtype, cfg.log.peak_flops)
-    peak *= d.world_size
+    peak *= d.processes  # every accelerator, tensor-parallel ones included
     interval_time, interval_tokens, session_time, session_tokens = 0.0, 0, 0.0, 0
     last_eval: dict = {}
     last_loss, interrupted, start_step = float("nan"), None, state.step
@@ -239,7 +239,7 @@ def _loop(state: TrainState, log: MetricsLog, stop: dict, began: float) -> dict:
         "train_time_s": state.elapsed, "wall_time_s": time.time() - began, "session_steps": state.step - start_step,
         "skipped_steps": state.guard.skipped, "gated_sequences": state.gated, "rollbacks": state.guard.rollbacks,
         "interrupted": interrupted, "precision": state.precision.mode, "world_size": d.world_size,
-        "strategy": d.strategy,
+        "strategy": d.strategy, "tp": d.tp, "processes": d.processes,
     }
     if d.is_main:
         atomic_write_json(state.run_dir / SUMMARY_FILE, summary)

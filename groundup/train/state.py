@@ -5,6 +5,9 @@
     result = train_step(state)                                                     # step.py
     save_state(state, log); restore_state(state, load_checkpoint(path), note)
 
+FSDP2 and tensor-parallel runs save and restore their model and optimizer state as shards (dcp.py);
+one process and DDP runs as full state dicts (checkpoint.py). Either kind resumes under any layout.
+
 Exact resume rests on one rule: everything that decides a later step lives in these fields, and
 `save_state` writes all of it (weights, optimizer, schedule, loader position, spike-guard history,
 counters, the RNG state of every process); nothing else carries state between steps.
@@ -12,6 +15,7 @@ counters, the RNG state of every process); nothing else carries state between st
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -24,6 +28,7 @@ from groundup.model.lora import load_adapter_state
 from groundup.model.sizing import check_fits
 from groundup.model.transformer import Transformer
 from groundup.train import checkpoint as ckpt
+from groundup.train import dcp
 from groundup.train.distributed import (Dist, full_model_state, full_optimizer_state, load_model_state,
                                         load_optimizer_state, wrap)
 from groundup.train.objective import Objective
@@ -77,7 +82,7 @@ def build_state(cfg, dist: Dist, objective: Objective, loader, *, tokenizer=None
     fsdp = d.strategy == "fsdp"
     # fp32 weights, gradients and two optimizer moments (+ bf16 compute weights and gradients).
     check_fits(cfg.model, d.device, 16 + (4 if cfg.precision.mode == "bf16-weights" else 0),
-               "weights, gradients and optimizer state", shards=d.world_size if fsdp else 1)
+               "weights, gradients and optimizer state", shards=d.processes if fsdp else 1)
     torch.manual_seed(cfg.train.seed)  # the same initial weights on every process
     meta = d.strategy == "fsdp" and cfg.distributed.meta_init and model is None
     if model is None:
@@ -129,12 +134,17 @@ def _rng_state(d: Dist) -> dict:
 
 
 def save_state(state: TrainState, metrics_offset: int, note: Callable[[str], None] = print) -> Path | None:
-    """Checkpoint the current step (every process takes part; the main one writes); returns its directory."""
+    """Checkpoint the current step (every process takes part; the main one writes); returns its directory.
+
+    Sharded runs write their shards through DCP; with `checkpoint.async_save` this returns once the
+    shards are copied to CPU memory, and the directory appears (with `latest` naming it) when complete."""
     d, cfg = state.dist, state.cfg
     if not weights_finite(state):  # a checkpoint must never hold what a rollback could not use
         note(f"step {state.step}: weights are not finite; no checkpoint saved")
         return None
     owner = state.state_owner
+    if d.sharded and state.lora is None:
+        return _save_sharded(state, owner, metrics_offset)
     if state.lora is not None:  # the adapter alone, in peft's layout; the base never changes
         def model_state(directory: Path) -> None:
             save_adapter(state.precision.master, state.lora, directory, base=state.base)
@@ -144,15 +154,45 @@ def save_state(state: TrainState, metrics_offset: int, note: Callable[[str], Non
     rngs, loaders = d.gather(_rng_state(d)), d.gather(state.loader.state_dict())
     path = None
     if d.is_main:
-        trainer_state = {"step": state.step, "tokens": state.tokens, "elapsed": state.elapsed, "gated": state.gated,
-                         "schedule": state.schedule.state_dict(), "guard": state.guard.state_dict(), "rng": rngs}
-        meta = {"tokens": state.tokens, "world_size": d.world_size, "metrics_offset": metrics_offset,
-                "objective": state.objective.name,
-                "tokenizer_hash": state.tokenizer.hash if state.tokenizer is not None else None}
+        trainer_state, meta = _trainer_and_meta(state, rngs, metrics_offset)
         path = ckpt.save_checkpoint(state.run_dir, state.step, cfg, model_state, optim_state, loaders,
                                     trainer_state, meta)
         ckpt.rotate(state.run_dir, cfg.checkpoint.every, cfg.checkpoint.keep_last, cfg.checkpoint.keep_every)
     d.barrier()
+    return path
+
+
+def _trainer_and_meta(state: TrainState, rngs: list, metrics_offset: int) -> tuple[dict, dict]:
+    d = state.dist
+    trainer_state = {"step": state.step, "tokens": state.tokens, "elapsed": state.elapsed, "gated": state.gated,
+                     "schedule": state.schedule.state_dict(), "guard": state.guard.state_dict(), "rng": rngs}
+    meta = {"tokens": state.tokens, "world_size": d.world_size, "metrics_offset": metrics_offset,
+            "objective": state.objective.name,
+            "tokenizer_hash": state.tokenizer.hash if state.tokenizer is not None else None}
+    return trainer_state, meta
+
+
+def _save_sharded(state: TrainState, owner: nn.Module, metrics_offset: int) -> Path:
+    """Every process writes its shards (dcp.start_save); the main process then finishes the directory."""
+    d, cfg, step, run_dir = state.dist, state.cfg, state.step, state.run_dir
+    rngs, loaders = d.gather(_rng_state(d)), d.gather(state.loader.state_dict())
+    # Copies taken now: with async_save, training goes on while the main process writes them.
+    trainer_state, meta = copy.deepcopy(_trainer_and_meta(state, rngs, metrics_offset))
+    loaders = copy.deepcopy(loaders)
+    meta["sharded"] = dcp.describe(d, owner)
+    splits = {k: (tuple(n), list(s)) for k, (n, s) in meta["sharded"]["split_projections"].items()}
+    async_save = bool(getattr(getattr(cfg, "checkpoint", None), "async_save", False))
+
+    def finish(tmp: Path, digests: dict, groups: dict) -> None:  # main process; a background thread if async
+        model_state = dcp.consolidate(tmp, splits)
+        ckpt.finish_sharded(tmp, step, cfg, model_state, groups, loaders, trainer_state, meta, digests)
+
+    def rotate() -> None:  # on the training thread, once the write is complete
+        ckpt.rotate(run_dir, cfg.checkpoint.every, cfg.checkpoint.keep_last, cfg.checkpoint.keep_every)
+
+    path = dcp.start_save(d, owner, state.optimizers, run_dir, step, async_save, finish, rotate)
+    if not async_save:
+        d.barrier()
     return path
 
 
@@ -165,11 +205,14 @@ def restore_state(state: TrainState, data: dict, note: Callable[[str], None] = p
     """
     d = state.dist
     owner = state.state_owner
-    if data["model"] is not None:
-        load_model_state(owner, data["model"], d)
+    if data.get("sharded"):
+        dcp.restore(d, owner, state.optimizers, data["dir"], data["meta"], (load_model_state, load_optimizer_state))
     else:
-        load_adapter_state(owner, read_adapter_state(owner, data["dir"]), str(data["dir"]))
-    load_optimizer_state(owner, state.optimizers, data["optimizer"], d)
+        if data["model"] is not None:
+            load_model_state(owner, data["model"], d)
+        else:
+            load_adapter_state(owner, read_adapter_state(owner, data["dir"]), str(data["dir"]))
+        load_optimizer_state(owner, state.optimizers, data["optimizer"], d)
     state.precision.master_to_compute()
     saved = data["trainer"]
     state.schedule.load_state_dict(saved["schedule"])
