@@ -37,6 +37,7 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("chat",), "groundup.infer.commands:chat", "chat with a checkpoint in the terminal (chat template, /reset, /exit)"),
     (("serve",), "groundup.serve.commands:serve", "an OpenAI-compatible server with continuous batching, LoRA adapters and a chat page"),
     (("export", "hf"), "groundup.interop.commands:export_hf", "write a checkpoint as a Hugging Face model directory"),
+    (("quantize",), "groundup.quant.commands:quantize", "int8 / int4 / GPTQ weight-only quantization of a model"),
     (("import", "hf"), "groundup.interop.commands:import_hf", "turn a local Hugging Face model directory into a groundup model"),
     (("import", "gguf"), "groundup.interop.commands:import_gguf", "turn a llama.cpp GGUF file (Llama, Mistral, Qwen2/3, SmolLM) into a groundup model"),
     (("report",), "groundup.demo.commands:report", "write report.md and plots for a demo or training run directory"),

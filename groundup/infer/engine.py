@@ -57,8 +57,8 @@ class Generator:
         self.model = model
         self.tokenizer = tokenizer
         self.cfg = model.cfg
-        self.device = model.embed.weight.device
-        self.dtype = model.embed.weight.dtype
+        self.device = model.device
+        self.dtype = model.dtype
         if tokenizer.vocab_size > self.cfg.vocab_size:
             raise CheckpointError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model only "
                                   f"{self.cfg.vocab_size}: they were not trained together")

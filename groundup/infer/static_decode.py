@@ -40,8 +40,8 @@ class StaticDecoder:
         `full_span` (default: on CUDA) attends over the whole buffer rather than the filled prefix."""
         self.model = model
         self.cfg = model.cfg
-        self.device = model.embed.weight.device
-        self.dtype = model.embed.weight.dtype
+        self.device = model.device
+        self.dtype = model.dtype
         self.compiled = compile
         self.full_span = self.device.type == "cuda" if full_span is None else full_span
         self._caches: dict[tuple[int, int], KVCache] = {}

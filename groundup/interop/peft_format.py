@@ -170,7 +170,7 @@ def read_adapter_state(model, adapter_dir: str | Path) -> dict[str, torch.Tensor
     except (OSError, ValueError, RuntimeError) as e:
         raise CheckpointError(f"{weights}: unreadable safetensors file ({e})") from None
     state = from_peft(model, tensors, bool(meta.get("hf_names", True)), str(weights))
-    return {k: v.to(model.embed.weight.device) for k, v in state.items()}
+    return {k: v.to(model.device) for k, v in state.items()}
 
 
 def load_adapter(model, adapter_dir: str | Path) -> LoraConfig:

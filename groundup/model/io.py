@@ -77,7 +77,13 @@ def build_from_state(cfg: ModelConfig, state: dict[str, torch.Tensor], device: s
 
 def load_model(model_dir: str | Path, device: str | torch.device = "cpu",
                dtype: torch.dtype | None = None) -> Transformer:
+    """A model directory's model; a quantized one (its model.toml has a [quantization] table) comes back
+    with its quantized layers, ready for generate, chat, eval and serve."""
+    from groundup.quant.io import is_quantized, load_quantized_model  # quant builds on this module's model
+
     model_dir = Path(model_dir)
+    if is_quantized(model_dir):
+        return load_quantized_model(model_dir, device, dtype)
     cfg = load_model_config(model_dir)
     check_fits(cfg, device, torch.finfo(dtype).bits // 8 if dtype is not None else 4, "its weights")
     state = load_state(model_dir / WEIGHTS_FILE, device)

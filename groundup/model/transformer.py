@@ -94,6 +94,15 @@ class Transformer(nn.Module):
     # ------------------------------------------------------------------ setup
 
     @property
+    def device(self) -> torch.device:
+        return self.rope_cos.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype activations run in: the norms' (a quantized embedding table is not read for it)."""
+        return next(p.dtype for p in self.parameters() if p.is_floating_point())
+
+    @property
     def output_weight(self) -> torch.Tensor:
         return self.embed.weight if self.lm_head is None else self.lm_head.weight
 

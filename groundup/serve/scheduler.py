@@ -113,8 +113,8 @@ class Scheduler:
                  max_waiting: int = 1024, metrics=None, cache_headroom: int | None = None):
         self.model, self.tok, self.bank, self.metrics = model, tokenizer, bank, metrics
         self.cfg = model.cfg
-        self.device = model.embed.weight.device
-        self.dtype = model.embed.weight.dtype
+        self.device = model.device
+        self.dtype = model.dtype
         self.vocab = tokenizer.vocab_size
         self.stop_ids = frozenset(tokenizer.stop_ids)
         self.filler = tokenizer.pad_id if tokenizer.pad_id is not None else (tokenizer.eot_id or 0)
