@@ -25,14 +25,7 @@ def _sft_schedule() -> ScheduleConfig:
 class PostTrainLoopConfig(LoopConfig):
     max_steps: int = 0  # optimizer steps; 0 = derived from the stage's epochs
 
-    def validate(self) -> None:
-        if self.max_steps < 0:
-            fail("max_steps", self.max_steps, "0 (derived from the epochs) or a positive step count")
-        for key in ("batch_size", "grad_accum", "seq_len"):
-            if getattr(self, key) < 1:
-                fail(key, getattr(self, key), "a positive integer")
-        if self.threads < 0:
-            fail("threads", self.threads, "0 (torch's default) or a positive count")
+    steps_from_epochs = True
 
 
 def _sft_loop() -> PostTrainLoopConfig:

@@ -8,9 +8,10 @@ run of 5 steps is a cheap throughput probe, and the learning-rate schedule scale
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
 
 from groundup.config import ConfigError, config_diff, fail, from_dict
 from groundup.errors import CheckpointError
@@ -32,9 +33,19 @@ class LoopConfig:
     threads: int = 0  # torch CPU threads; 0: leave torch's choice (set it for bit-exact reruns across machines)
     compile: bool = False  # torch.compile the model (slow start, faster steps on GPU)
     grad_checkpointing: bool = False  # recompute block activations in backward (less memory)
+    # Wall-clock budget in seconds for this invocation, setup included; 0 = none. max_steps is then a
+    # first guess: after a few steady steps the run re-plans max_steps (and the eval and checkpoint
+    # cadence, in proportion) to end on time, again while the schedule allows, and stops at the limit.
+    time_limit_s: float = 0.0
+    steps_from_epochs: ClassVar[bool] = False  # post-training: max_steps = 0 derives them from the epochs
 
     def validate(self) -> None:
-        for key in ("max_steps", "batch_size", "grad_accum", "seq_len"):
+        if not (self.time_limit_s >= 0 and math.isfinite(self.time_limit_s)):
+            fail("time_limit_s", self.time_limit_s, "0 (no limit) or a positive number of seconds")
+        if self.max_steps < (0 if self.steps_from_epochs else 1):
+            fail("max_steps", self.max_steps, "0 (derived from the epochs) or a positive step count"
+                 if self.steps_from_epochs else "a positive integer")
+        for key in ("batch_size", "grad_accum", "seq_len"):
             if getattr(self, key) < 1:
                 fail(key, getattr(self, key), "a positive integer")
         if self.threads < 0:

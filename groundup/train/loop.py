@@ -21,10 +21,10 @@ from typing import Iterator
 
 import torch
 
-from groundup.config import from_dict
+from groundup.config import from_dict, save_config
 from groundup.errors import CheckpointError, TrainingError
 from groundup.io import atomic_write_json
-from groundup.layout import SUMMARY_FILE, checkpoint_problem, find_intact_checkpoint, list_checkpoints
+from groundup.layout import RUN_CONFIG_FILE, SUMMARY_FILE, checkpoint_problem, find_intact_checkpoint, list_checkpoints
 from groundup.model.sizing import flops_per_token
 from groundup.train import checkpoint as ckpt
 from groundup.train.config import check_compatible
@@ -32,6 +32,7 @@ from groundup.train.distributed import Dist, init_distributed
 from groundup.train.metrics import MetricsLog, peak_flops, truncate_metrics
 from groundup.train.state import TrainState, restore_state, save_state
 from groundup.train.step import train_step
+from groundup.train.time_budget import TimeBudget, apply_plan
 
 
 @contextlib.contextmanager
@@ -110,13 +111,55 @@ def run(state: TrainState, *, resume: bool = False, changes: list[str] | None = 
         log.close()
 
 
-def _evaluate(state: TrainState, log: MetricsLog) -> dict:
+def _evaluate(state: TrainState, log: MetricsLog, budget: TimeBudget) -> dict:
     evaluate = getattr(state.objective, "evaluate", None)
     if evaluate is None:
         return {}
+    started = time.perf_counter()
     record, message = evaluate(state)
+    budget.timed("eval", time.perf_counter() - started)
     log.write(record)
     log.note(message)
+    return record
+
+
+def _save(state: TrainState, log: MetricsLog, budget: TimeBudget):
+    started = time.perf_counter()
+    saved = save_state(state, log.offset(), log.note)
+    budget.timed("checkpoint", time.perf_counter() - started)
+    return saved
+
+
+def _replan(state: TrainState, log: MetricsLog, budget: TimeBudget, why: str) -> None:
+    """Fit max_steps (and the cadences) to the time left; every process takes the main one's plan."""
+    d, cfg = state.dist, state.cfg
+    plan = d.broadcast(budget.plan(cfg, state.step) if d.is_main else None)
+    if budget.plans and not state.schedule.may_change_length(state.step, plan[0]):
+        return
+    old = cfg.train.max_steps
+    state.cfg = cfg = apply_plan(cfg, *plan)
+    state.schedule.max_steps = cfg.train.max_steps
+    budget.plans += 1
+    if log.bar is not None:
+        log.bar.total = cfg.train.max_steps
+    if d.is_main:
+        save_config(cfg, state.run_dir / RUN_CONFIG_FILE)  # a resume continues with the plan
+    left = budget.deadline - time.time()
+    log.write({"event": "replan", "step": state.step, "reason": why, "max_steps": cfg.train.max_steps,
+               "previous_max_steps": old, "eval_every": cfg.eval.every, "checkpoint_every": cfg.checkpoint.every,
+               "step_s": budget.step_time(), "eval_s": budget.eval_s, "checkpoint_s": budget.checkpoint_s,
+               "seconds_left": left})
+    log.note(f"step {state.step}: {budget.step_time():.3f} s/step, {left:.0f} s left of train.time_limit_s -> "
+             f"max_steps {old} -> {cfg.train.max_steps} ({why})")
+
+
+def _first_plan(state: TrainState, log: MetricsLog, budget: TimeBudget) -> dict:
+    """Time one evaluation and one checkpoint (what the plan must leave room for), then plan."""
+    record = {}
+    if state.cfg.eval.every or state.cfg.eval.at_end:
+        record = _evaluate(state, log, budget)
+    _save(state, log, budget)
+    _replan(state, log, budget, "measured")
     return record
 
 
@@ -191,10 +234,13 @@ def _loop(state: TrainState, log: MetricsLog, stop: dict, began: float) -> dict:
     interval_time, interval_tokens, session_time, session_tokens = 0.0, 0, 0.0, 0
     last_eval: dict = {}
     last_loss, interrupted, start_step = float("nan"), None, state.step
+    budget, timed_out = TimeBudget(cfg.train.time_limit_s, began, state.step), False
     while state.step < cfg.train.max_steps:
         started = time.perf_counter()
-        r = train_step(state, bool(stop))
+        out_of_time = budget.should_stop(cfg.eval.at_end)
+        r = train_step(state, bool(stop) or out_of_time)
         took = time.perf_counter() - started
+        budget.step_done(state.step + 1, took)
         state.step += 1
         state.tokens += r.tokens
         state.elapsed += took
@@ -217,14 +263,31 @@ def _loop(state: TrainState, log: MetricsLog, stop: dict, began: float) -> dict:
         if r.broken or (r.skipped and state.guard.should_roll_back()):
             _roll_back(state, log, r.skipped, r.broken)
             continue
-        done = state.step == cfg.train.max_steps
+        if budget.wants_first_plan():
+            last_eval = _first_plan(state, log, budget) or last_eval
+            cfg = state.cfg
+        # r.stop is summed over processes: all of them save and stop here, for a signal or because
+        # this process's clock says the next step would not fit in train.time_limit_s.
+        time_flag = r.stop and out_of_time and not stop
+        timed_out = time_flag and state.step < cfg.train.max_steps
+        done = state.step == cfg.train.max_steps or timed_out
         if (cfg.eval.every and state.step % cfg.eval.every == 0 and not done) or (done and cfg.eval.at_end):
-            last_eval = _evaluate(state, log)
-        if r.stop:  # r.stop is summed over processes: all of them save and stop here
-            interrupted = stop.get("signal", "a signal to another process")
+            last_eval = _evaluate(state, log, budget)
+        if not done and budget.check_due(state.step, cfg.train.max_steps) and \
+                d.broadcast(budget.drifted(cfg, state.step) if d.is_main else None):
+            _replan(state, log, budget, "step time changed")
+            cfg = state.cfg
+        if r.stop and not time_flag:
+            interrupted = stop.get("signal", "a signal or the time limit of another process")
         if done or r.stop or state.step % cfg.checkpoint.every == 0:
-            saved = save_state(state, log.offset(), log.note)
-            if r.stop:
+            saved = _save(state, log, budget)
+            if timed_out:
+                log.write({"event": "time_limit", "step": state.step, "max_steps": cfg.train.max_steps,
+                           "time_limit_s": cfg.train.time_limit_s})
+                log.note(f"train.time_limit_s ({cfg.train.time_limit_s:g} s) reached at step {state.step} of "
+                         f"{cfg.train.max_steps}: saved {saved or 'a checkpoint'}")
+                break
+            if r.stop and not time_flag:
                 log.write({"event": "interrupt", "step": state.step, "signal": interrupted})
                 log.note(f"{interrupted}: saved {saved or 'a checkpoint'}; continue with "
                          f"'groundup {getattr(cfg, 'verb', 'train')} --resume {state.run_dir}'")
@@ -239,7 +302,9 @@ def _loop(state: TrainState, log: MetricsLog, stop: dict, began: float) -> dict:
         "train_time_s": state.elapsed, "wall_time_s": time.time() - began, "session_steps": state.step - start_step,
         "skipped_steps": state.guard.skipped, "gated_sequences": state.gated, "rollbacks": state.guard.rollbacks,
         "interrupted": interrupted, "precision": state.precision.mode, "world_size": d.world_size,
-        "strategy": d.strategy, "tp": d.tp, "processes": d.processes,
+        "strategy": d.strategy, "tp": d.tp, "processes": d.processes, "max_steps": cfg.train.max_steps,
+        "time_limit_s": cfg.train.time_limit_s, "time_limit_reached": timed_out,
+        "replans": budget.plans,
     }
     if d.is_main:
         atomic_write_json(state.run_dir / SUMMARY_FILE, summary)

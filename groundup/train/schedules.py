@@ -69,6 +69,15 @@ class Schedule:
                 group["lr"] = lr
         return lr
 
+    def may_change_length(self, step: int, new_max_steps: int) -> bool:
+        """Whether `max_steps` can still change at `step` without a jump that matters in the rate:
+        WSD before its decay begins (under either length), cosine in its first half, constant always."""
+        if self.cfg.kind == "constant":
+            return True
+        if self.cfg.kind == "wsd":
+            return all(step < n - max(1, round(self.cfg.decay_fraction * n)) for n in (self.max_steps, new_max_steps))
+        return step < 0.5 * min(self.max_steps, new_max_steps)
+
     def state_dict(self) -> dict:
         return {"lr_factor": self.lr_factor}
 

@@ -1,0 +1,116 @@
+"""train.time_limit_s: fit a run to a wall-clock budget from what its steps actually take.
+
+A time-limited run treats `train.max_steps` as a first guess. After a few steady steps (the first
+two of a session allocate and warm kernels up, so they are left out) it times one evaluation and
+one checkpoint, then sets max_steps so that the remaining steps, the evaluations and checkpoints
+still due and the final ones end at the limit: this is the plan. The eval and checkpoint cadences
+scale with max_steps, so the run keeps the number of evaluations and checkpoints it was given.
+
+The plan is checked CHECKS times over the run and re-made, from the step times of the recent
+window, when the projected end drifts by more than `DRIFT` of the budget (a competing process
+started or finished): while the schedule allows a new length without a jump in the rate
+(`Schedule.may_change_length`: WSD before its decay, cosine in its first half). Whatever happens
+afterwards, the run stops once the next step would not leave time for the final evaluation and
+checkpoint, and saves both: the limit is never overrun by more than one step.
+
+Each plan is a metrics.jsonl event {"event": "replan", ...} and rewrites RUN/config.toml, so a
+resumed run continues with the plan's max_steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from collections import deque
+
+WARMUP_STEPS = 2  # steps of a session left out of the step time (allocation, kernel warm-up)
+FIRST_PLAN_AFTER = 5  # steady steps timed before the first plan
+WINDOW = 30  # recent steps the step time is taken over (the median: robust to a stray slow step)
+MARGIN = 1.02  # steps planned at 2% over the measured time: the loop's own work between steps
+DRIFT = 0.03  # re-plan when the projected end moves by more than this share of the budget
+CHECKS = 40  # times per run the projection is checked (a broadcast from the main process each)
+
+
+class TimeBudget:
+    def __init__(self, limit_s: float, began: float, start_step: int):
+        self.limit = limit_s
+        self.deadline = began + limit_s
+        self.start_step = start_step
+        self.steps: deque[float] = deque(maxlen=WINDOW)
+        self.eval_s: float | None = None  # the last evaluation's seconds
+        self.checkpoint_s: float | None = None
+        self.plans = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.limit > 0
+
+    # --------------------------------------------------------------- measurements
+
+    def step_done(self, step: int, seconds: float) -> None:
+        if step > self.start_step + WARMUP_STEPS:
+            self.steps.append(seconds)
+
+    def timed(self, kind: str, seconds: float) -> None:
+        setattr(self, f"{kind}_s", seconds)
+
+    def step_time(self) -> float:
+        return statistics.median(self.steps)
+
+    # --------------------------------------------------------------- decisions
+
+    def wants_first_plan(self) -> bool:
+        return self.enabled and self.plans == 0 and len(self.steps) >= FIRST_PLAN_AFTER
+
+    def final_cost(self, eval_at_end: bool) -> float:
+        """Seconds the end of the run takes after its last step: an evaluation and a checkpoint."""
+        return (self.eval_s or 0.0) * eval_at_end + (self.checkpoint_s or 0.0)
+
+    def should_stop(self, eval_at_end: bool) -> bool:
+        """Asked before a step: True when the step after it would not fit before the final evaluation
+        and checkpoint (the loop stops once this step is done)."""
+        if not self.enabled or not self.steps:
+            return False
+        return time.time() + 2 * self.step_time() + self.final_cost(eval_at_end) > self.deadline
+
+    def plan(self, cfg, step: int) -> tuple[int, int, int]:
+        """(max_steps, eval.every, checkpoint.every) that end the run at the deadline from `step`."""
+        left = self.deadline - time.time() - self.final_cost(cfg.eval.at_end)
+        old = cfg.train.max_steps
+        n_evals = old / cfg.eval.every if cfg.eval.every else 0.0  # kept as max_steps changes
+        n_ckpts = old / cfg.checkpoint.every
+        per_step = self.step_time() * MARGIN
+        # Each remaining step also carries its share of the evaluations and checkpoints still due.
+        total = old
+        for _ in range(3):  # the shares depend on the new length: a few fixed-point rounds settle it
+            evals_left = n_evals * max(0, total - step) / max(total, 1)
+            ckpts_left = n_ckpts * max(0, total - step) / max(total, 1)
+            overhead = evals_left * (self.eval_s or 0.0) + ckpts_left * (self.checkpoint_s or 0.0)
+            total = step + max(1, int((left - overhead) / per_step))
+        scale = total / old
+        every = max(1, round(cfg.eval.every * scale)) if cfg.eval.every else 0
+        return total, every, max(1, round(cfg.checkpoint.every * scale))
+
+    def check_due(self, step: int, max_steps: int) -> bool:
+        """Every CHECKS-th of the run, once planned: time to compare the projected end with the deadline."""
+        return self.enabled and self.plans > 0 and step % max(1, max_steps // CHECKS) == 0
+
+    def drifted(self, cfg, step: int) -> bool:
+        """Whether the run, at today's step time, would end more than DRIFT of the budget off the deadline."""
+        if not self.enabled or self.plans == 0 or not self.steps:
+            return False
+        steps_left = cfg.train.max_steps - step
+        evals_left = steps_left // cfg.eval.every if cfg.eval.every else 0
+        ckpts_left = steps_left // cfg.checkpoint.every
+        projected = (time.time() + steps_left * self.step_time() + evals_left * (self.eval_s or 0.0)
+                     + ckpts_left * (self.checkpoint_s or 0.0) + self.final_cost(cfg.eval.at_end))
+        return abs(projected - self.deadline) > DRIFT * self.limit
+
+
+def apply_plan(cfg, max_steps: int, eval_every: int, checkpoint_every: int):
+    """The config with the plan's step count and cadences."""
+    return dataclasses.replace(
+        cfg, train=dataclasses.replace(cfg.train, max_steps=max_steps),
+        eval=dataclasses.replace(cfg.eval, every=eval_every),
+        checkpoint=dataclasses.replace(cfg.checkpoint, every=checkpoint_every))
