@@ -36,6 +36,8 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("generate",), "groundup.infer.commands:generate", "complete prompts with a checkpoint (batched, streamed, sampled)"),
     (("chat",), "groundup.infer.commands:chat", "chat with a checkpoint in the terminal (chat template, /reset, /exit)"),
     (("serve",), "groundup.serve.commands:serve", "an OpenAI-compatible server with continuous batching, LoRA adapters and a chat page"),
+    (("eval", "contamination"), "groundup.eval.commands:contamination", "share of benchmark items whose 13-grams occur in training data; Min-K% membership scores"),
+    (("eval",), "groundup.eval.commands:evaluate", "score a model on real benchmarks (lm-eval's definitions), bits per byte, contamination"),
     (("export", "hf"), "groundup.interop.commands:export_hf", "write a checkpoint as a Hugging Face model directory"),
     (("quantize",), "groundup.quant.commands:quantize", "int8 / int4 / GPTQ weight-only quantization of a model"),
     (("import", "hf"), "groundup.interop.commands:import_hf", "turn a local Hugging Face model directory into a groundup model"),

@@ -15,7 +15,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import IO, Any, Iterator
+from typing import IO, Any, Iterable, Iterator
 
 from groundup.errors import DataError
 
@@ -35,6 +35,26 @@ def ensure_writable_dir(path: str | Path) -> Path:
     except OSError as e:
         raise DataError(f"output directory {path} is not writable: {e.strerror or e}") from None
     return path
+
+
+def check_out_dir(out: str | Path, overwrite: bool = False, sources: Iterable[str | Path] = ()) -> Path:
+    """The rule every verb that writes a directory keeps: never replace a non-empty one it was not told to.
+
+    An --out that exists and holds anything is refused unless `overwrite`, and one that is or contains
+    what the verb reads (`sources`) is refused even then: the replacement is renamed into place only
+    when complete, which would delete the source the moment it succeeded."""
+    out = Path(out)
+    target = out.resolve()
+    for source in sources:
+        source = Path(source).resolve()
+        if target == source or target in source.parents:
+            raise DataError(f"{out}: it is or contains {source}, which this command reads; choose another --out")
+    if out.exists() or out.is_symlink():
+        if not out.is_dir():
+            raise DataError(f"{out}: exists and is not a directory")
+        if any(out.iterdir()) and not overwrite:
+            raise DataError(f"{out}: exists and is not empty; pass --overwrite to replace it")
+    return out
 
 
 @contextlib.contextmanager

@@ -205,6 +205,23 @@ class DedupConfig:
 
 
 @dataclass
+class DecontaminateConfig:
+    """Drop training documents that share a word 13-gram with a benchmark item (data/decontaminate.py)."""
+
+    tasks: list[str] = field(default_factory=list)  # eval task names, groups or .toml files; empty: off
+    ngram: int = 13  # lm-eval's decontamination n-gram
+    limit: int | None = None  # only the first items of each task
+
+    def validate(self) -> None:
+        if self.ngram < 1:
+            fail("ngram", self.ngram, "at least 1")
+        if self.tasks:  # an unknown task fails now, not after the shards are curated
+            from groundup.eval.tasks import resolve_tasks
+
+            resolve_tasks(",".join(self.tasks))
+
+
+@dataclass
 class MixingConfig:
     weights: dict[str, float] = field(default_factory=dict)  # domain -> share of output bytes; empty: no mixing
     max_repeats: int = 4  # no document is written more often than this
@@ -255,6 +272,7 @@ class CurateConfig:
     url: URLFilterConfig = field(default_factory=URLFilterConfig)
     classifier: ClassifierConfig = field(default_factory=ClassifierConfig)
     dedup: DedupConfig = field(default_factory=DedupConfig)
+    decontaminate: DecontaminateConfig = field(default_factory=DecontaminateConfig)
     mixing: MixingConfig = field(default_factory=MixingConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
 

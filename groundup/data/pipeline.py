@@ -3,7 +3,8 @@
 1. Read the inputs in order and cut them into shards (`output.shard_docs` / `shard_bytes`); each
    shard is curated on its own (`curate_shard`), in `workers` processes, and leaves its survivors,
    dedup hashes and counters in `OUT/.work/`. A shard already complete there is skipped.
-2. Global decisions over all shards: top-fraction classifier cut, exact and MinHash dedup
+2. Global decisions over all shards: top-fraction classifier cut, decontamination against eval
+   tasks (`decontaminate.tasks`, data/decontaminate.py), exact and MinHash dedup
    (`dedup`, bounded memory) and the mixing plan (`mixing`).
 3. Each work shard becomes `OUT/shards/part-NNNNN.parquet` (or `.jsonl`): duplicates dropped,
    documents repeated or dropped by the mixing plan, rows shuffled; existing parts are kept.
@@ -184,6 +185,14 @@ def curate(inputs: Sequence[str | Path], out: str | Path, cfg: CurateConfig, pro
         _bulk_stage(stats, "classifier_top_fraction", cols, alive, keep, "below_top_fraction")
         alive = keep
     files = [shard_files(work, i) for i in range(len(shard_results))]
+    if cfg.decontaminate.tasks:  # documents sharing a 13-gram with an eval item (data/decontaminate.py)
+        from groundup.data.decontaminate import decontaminate_stage
+
+        t1 = time.perf_counter()
+        keep = decontaminate_stage(cfg.decontaminate, [f["stage"] for f in files], counts, alive, stats)
+        _bulk_stage(stats, "decontaminate", cols, alive, keep, "overlaps_eval_item")
+        stats.add_time("decontaminate", time.perf_counter() - t1)
+        alive = keep
     eligible = np.isin(cols["domain"], cfg.dedup.minhash.domains)
     result = deduplicate([f["exact"] for f in files], [f["bands"] for f in files], counts, alive, eligible,
                          cfg.dedup.exact.enabled, cfg.dedup.minhash.enabled, cfg.dedup.minhash.bands,

@@ -8,8 +8,8 @@ report.json keys:
   curation and deduplication, and written (with mixing repeats)
 - `domains` / `sources`: the same six numbers per domain / per source
 - `stages`: a list in pipeline order (normalize, url, gopher_quality, gopher_repetition, c4,
-  fineweb, ngram_repetition, code, math, classifier, classifier_top_fraction, pii, exact_dedup,
-  minhash_dedup; only those that ran), each {name, applies_to (domains it judged), by_domain and
+  fineweb, ngram_repetition, code, math, classifier, classifier_top_fraction, pii, decontaminate,
+  exact_dedup, minhash_dedup; only those that ran), each {name, applies_to (domains it judged), by_domain and
   by_source ({docs_in, bytes_in, docs_out, bytes_out, reasons: {reason: docs}}), removed_docs,
   removed_bytes, examples ([{id, source, domain, reason, snippet}]), seconds (CPU seconds summed
   over workers), docs_per_s, mb_per_s, extra (stage counters: pii replacements by kind)}
@@ -41,7 +41,7 @@ from groundup.data.stats import StageStats, totals
 from groundup.io import atomic_write_json, atomic_write_text
 
 STAGE_ORDER = ("normalize", "url", *FILTER_NAMES, "classifier", "classifier_top_fraction", "pii",
-               "exact_dedup", "minhash_dedup")
+               "decontaminate", "exact_dedup", "minhash_dedup")
 
 
 def _stage_entry(name: str, data: dict) -> dict:

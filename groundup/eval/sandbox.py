@@ -9,8 +9,9 @@ network namespace, which also catches children that escaped the group with setsi
 program runs as the unprivileged user `nobody`, so it cannot touch root's files and RLIMIT_NPROC
 holds (the kernel exempts root from it).
 
-    from groundup.eval.sandbox import run_program, check_completion, pass_at_k
+    from groundup.eval.sandbox import run_program, check_completion, default_python, pass_at_k
     run_program("print(1 + 1)").stdout                   # '2\\n'
+    run_program(source, python=default_python())         # sys.executable, or a system python3 nobody can run
     check_completion(prompt, completion, test, entry_point="add").status   # 'passed' or 'failed'
 
 Layers (`isolation_layers()` lists those active on this machine):
@@ -263,6 +264,27 @@ def _usable_python(python: str) -> str:
                           "interpreter whose installation every user can read (such as /usr/bin/python3), "
                           "or make this one's directories world-readable", key="python")
     return found
+
+
+_FALLBACK_PYTHONS = ("/usr/bin/python3", "/usr/local/bin/python3")
+
+
+@lru_cache(maxsize=1)
+def default_python() -> str:
+    """The interpreter programs run with: this one (`sys.executable`) when the sandbox user can run it,
+    else the first of /usr/bin/python3, /usr/local/bin/python3 that it can (checked once, cached).
+    A virtual environment under a 0700 /root cannot be run by `nobody`; a system python can, and
+    HumanEval and MBPP need only the standard library. ConfigError when none works."""
+    problems = []
+    for python in (sys.executable, *_FALLBACK_PYTHONS):
+        if python != sys.executable and not os.path.exists(python):
+            continue
+        try:
+            return _usable_python(python)
+        except ConfigError as e:
+            problems.append(str(e))
+    raise ConfigError("sandbox: no interpreter the sandbox can run (tried " + ", ".join(
+        [sys.executable, *_FALLBACK_PYTHONS]) + "): " + (problems[0] if problems else "none found"), key="python")
 
 
 def _launch(source: str, python: str, *, timeout, memory_mb, cpu_seconds, file_size_mb, max_processes,

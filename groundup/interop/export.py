@@ -24,7 +24,7 @@ from groundup.infer.loading import resolve_dtype
 from groundup.interop.hf_config import choose_architecture, hf_config
 from groundup.interop.hf_tokenizer import write_tokenizer_files
 from groundup.interop.hf_weights import to_hf_state
-from groundup.interop.out_dir import check_out_dir
+from groundup.io import check_out_dir
 from groundup.io import atomic_dir, atomic_write_json
 from groundup.layout import (HF_CONFIG_FILE, HF_GENERATION_CONFIG_FILE, HF_WEIGHTS_FILE, check_tokenizer_fits,
                              find_tokenizer_dir, resolve_model_dir)

@@ -32,7 +32,7 @@ import torch
 
 from groundup.config import ConfigError, from_dict
 from groundup.errors import CheckpointError, DataError
-from groundup.interop.out_dir import check_out_dir
+from groundup.io import check_out_dir
 from groundup.io import atomic_dir
 from groundup.layout import TOKENIZER_DIR
 from groundup.model.config import ModelConfig

@@ -23,7 +23,7 @@ from groundup.errors import CheckpointError, DataError
 from groundup.infer.loading import resolve_dtype
 from groundup.interop.hf_import_config import model_config_from_hf
 from groundup.interop.hf_weights import from_hf_state
-from groundup.interop.out_dir import check_out_dir
+from groundup.io import check_out_dir
 from groundup.io import atomic_dir, read_json
 from groundup.schema import check, relative_file
 from groundup.layout import HF_CONFIG_FILE, HF_WEIGHTS_FILE, HF_WEIGHTS_INDEX_FILE, TOKENIZER_DIR

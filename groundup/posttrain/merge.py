@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from groundup.infer.loading import load_for_inference, resolve_dtype
-from groundup.interop.out_dir import check_out_dir
+from groundup.io import check_out_dir
 from groundup.io import atomic_dir
 from groundup.layout import TOKENIZER_DIR
 from groundup.model.io import save_model

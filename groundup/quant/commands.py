@@ -60,7 +60,7 @@ def quantize(args: argparse.Namespace) -> int:
     from groundup.config import ConfigError
     from groundup.errors import CheckpointError
     from groundup.infer.loading import resolve_device
-    from groundup.interop.out_dir import check_out_dir
+    from groundup.io import check_out_dir
     from groundup.io import atomic_dir
     from groundup.layout import TOKENIZER_DIR, find_tokenizer_dir, resolve_model_dir
     from groundup.model.io import load_model

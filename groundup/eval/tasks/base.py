@@ -39,6 +39,7 @@ class MCItem:
     contexts: list[str]
     continuations: list[str]
     gold: int
+    choices: list[str] | None = None  # lm-eval's doc_to_choice strings (acc_norm divides by their length)
 
     @property
     def num_choices(self) -> int:
@@ -117,9 +118,9 @@ def mc_item(item_id: str, tpl: Template, doc: dict, shots: Sequence[dict]) -> MC
     choices = tpl.doc_to_choice(doc)
     target = tpl.doc_to_target(doc)
     if isinstance(ctx, list):  # choices live in the contexts; the rest of the sentence is shared
-        return MCItem(item_id, ctx, [tpl.target_delimiter + target], int(tpl.doc_to_text(doc)))
+        return MCItem(item_id, ctx, [tpl.target_delimiter + target], int(tpl.doc_to_text(doc)), list(choices))
     gold = target if isinstance(target, int) else choices.index(target)
-    return MCItem(item_id, [ctx], [tpl.target_delimiter + c for c in choices], gold)
+    return MCItem(item_id, [ctx], [tpl.target_delimiter + c for c in choices], gold, list(choices))
 
 
 class FewshotSampler:
