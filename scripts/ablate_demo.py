@@ -2,12 +2,12 @@
 
     .venv/bin/python scripts/ablate_demo.py --out /tmp/ablate --train-minutes 12 baseline muon wsd ...
 
-Every variant runs `groundup demo` in the same output directory, so the data stages (corpus,
-curation, tokenizer, token shards) run once and are reused, and only the probe, pretraining,
-evaluation and samples rerun. Each variant gets `--train-minutes` of training (plus the reserve
-for evaluation), as the 15-minute demo leaves for training after its data stages. Results land in
-OUT/ablation.jsonl (one line per variant) and are printed as a Markdown table; docs/demo-recipe.md
-records them.
+Every variant runs `groundup demo until=pretrain` in the same output directory, so the data stages
+(corpus, curation, tokenizer, token shards) run once and are reused, and only pretraining, the base
+model's report-card row and the samples rerun. The budget is chosen so that pretraining's time
+limit (`train.time_limit_s`) is `--train-minutes`; bits per byte are measured on the whole
+validation split. Results land in OUT/ablation.jsonl (one line per variant) and are printed as a
+Markdown table; docs/demo-recipe.md records them.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 
 from groundup.cli import main as cli
+from groundup.demo.budget import FIXED_SECONDS
+from groundup.demo.config import DemoConfig
 
 
 def lr(peak: str, floor: str = "3e-4") -> list[str]:
@@ -67,12 +69,14 @@ VARIANTS: dict[str, list[str]] = {
 DATA_STAGES = ("sample", "curate", "tokenizer", "tokenize")
 
 
+FIXED = ["until=pretrain", "scorecard.bpb_batches=1000000"]  # the whole validation split
+
+
 def prepare_data(demo: Path, extra: list[str]) -> float:
     """Run the data stages once (with a token pretraining run) and return their recorded minutes."""
     stages = demo / "stages.json"
     if not stages.exists() or any(s not in json.loads(stages.read_text()) for s in DATA_STAGES):
-        cli(["demo", "--out", str(demo), "--budget-minutes", "0.01", *extra, "min_steps=2", "evals=1",
-             "probe_steps=1", "pretrain.eval.max_batches=1"])
+        cli(["demo", "--out", str(demo), "--budget-minutes", "0.01", *extra, *FIXED, "pretrain.eval.max_batches=1"])
     recorded = json.loads(stages.read_text())
     return sum(recorded[s]["seconds"] for s in DATA_STAGES) / 60
 
@@ -81,7 +85,6 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--train-minutes", type=float, default=12.0)
-    p.add_argument("--reserve-seconds", type=float, default=45.0)
     p.add_argument("--extra", nargs="*", default=[], help="overrides applied to every variant")
     p.add_argument("variants", nargs="+", choices=sorted(VARIANTS))
     args = p.parse_args()
@@ -89,19 +92,20 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     data_minutes = prepare_data(args.out / "demo", args.extra)
     for name in args.variants:
-        overrides = [*START, *args.extra, *VARIANTS[name], f"reserve_seconds={args.reserve_seconds}"]
-        # The demo charges the (reused) data stages' recorded time to the budget; add it back.
-        budget = args.train_minutes + args.reserve_seconds / 60 + data_minutes
+        overrides = [*START, *args.extra, *VARIANTS[name], *FIXED]
+        # The demo charges the (reused) data stages' recorded time to the budget, then keeps the
+        # evaluation share and the report's seconds (demo/budget.py); the rest is pretraining's.
+        share = DemoConfig().shares.evaluation
+        budget = (args.train_minutes + data_minutes + FIXED_SECONDS["report"] / 60) / (1 - share)
         start = time.perf_counter()
         code = cli(["demo", "--out", str(args.out / "demo"), "--budget-minutes", str(budget), *overrides])
         seconds = time.perf_counter() - start
         demo = args.out / "demo"
         row = {"variant": name, "overrides": overrides, "exit": code, "seconds": round(seconds, 1)}
         if code == 0:
-            ev = json.loads((demo / "eval.json").read_text())
+            bpb = json.loads((demo / "scorecard" / "base.json").read_text())["bpb"]
             summary = json.loads((demo / "run" / "summary.json").read_text())
-            row.update(text_bpb=ev["domains"]["text"]["bpb"], code_bpb=ev["domains"]["code"]["bpb"],
-                       math_bpb=ev["domains"]["math"]["bpb"], all_bpb=ev["bpb"], steps=summary["steps"],
+            row.update(text_bpb=bpb["text"], code_bpb=bpb["code"], math_bpb=bpb["math"], steps=summary["steps"],
                        tokens=summary["tokens"], tokens_per_sec=round(summary["tokens_per_sec"]))
             shutil.copy2(demo / "report.md", args.out / f"report-{name}.md")
         with log.open("a") as f:

@@ -1,4 +1,9 @@
-"""A micro demo: every stage end to end on a slice of the embedded corpus, in well under a minute."""
+"""A micro demo: every stage end to end on a slice of the embedded corpus, in about a minute.
+
+The budget is tiny, so every training stage gets the floor of its time limit (a few steps); what
+is checked is the chain: each stage's output, the report card, reuse on a rerun, the time limits
+reaching the verbs, and the budget's arithmetic (separately, with a fake clock).
+"""
 
 from __future__ import annotations
 
@@ -7,15 +12,28 @@ import json
 import pytest
 
 from groundup.cli import main
+from groundup.config import from_dict
+from groundup.demo.budget import FIXED_SECONDS, MIN_STAGE_SECONDS, ROW_MARGIN, DemoBudget
+from groundup.demo.config import DemoConfig
 
-MICRO = ["limit_per_source=40", "math_count=300", "chunk_chars=3000", "probe_steps=2", "min_steps=30", "evals=2",
-         "reserve_seconds=0", "tokenizer.vocab_size=400", "pretrain.model.d_model=64", "pretrain.model.n_layers=2",
-         "pretrain.model.n_heads=4", "pretrain.model.d_ff=128", "pretrain.model.max_seq_len=64",
+MODEL = {"d_model": 64, "n_layers": 2, "n_heads": 4, "d_ff": 128, "max_seq_len": 128}
+MICRO = ["limit_per_source=40", "math_count=300", "chat_math_count=300", "chunk_chars=3000",
+         "tokenizer.vocab_size=400", *[f"pretrain.model.{k}={v}" for k, v in MODEL.items()],
          "pretrain.train.seq_len=64", "pretrain.train.batch_size=8", "pretrain.eval.max_batches=2",
          "pretrain.schedule.peak_lr=1e-2", "samples.max_new_tokens=8", "tokenize.val_fraction=0.1",
          "tokenizer.holdout_fraction=0.1",
+         "sft.train.seq_len=64", "sft.train.batch_size=8", "sft.sft.eval_generations=4",
+         "sft.sft.eval_max_new_tokens=8", "sft.eval.max_batches=2",
+         "grpo.train.seq_len=64", "grpo.grpo.group_size=2", "grpo.grpo.prompts_per_batch=2",
+         "grpo.grpo.max_new_tokens=8", "grpo.grpo.eval_count=4",
+         "scorecard.math_problems=8", "scorecard.chats_per_domain=2", "scorecard.mc_tasks=arc_easy",
+         "scorecard.mc_items=8", "scorecard.max_new_tokens=40", "scorecard.bpb_batches=2", "scorecard.decode_tokens=8",
          # A 40-chunk slice holds one or two works: holding out whole works would leave no text on one side.
          'tokenize.split_group=""', 'tokenizer.holdout_group=""']
+STAGES = ["sample", "chat", "curate", "tokenizer", "tokenize", "pretrain", "export_base", "score_base", "samples",
+          "sft", "export_sft", "score_sft", "align", "export_aligned", "score_aligned", "quantize",
+          "score_aligned-int8"]
+ROWS = ["base", "sft", "aligned", "aligned-int8"]
 
 
 @pytest.fixture(scope="module")
@@ -25,37 +43,98 @@ def demo_dir(tmp_path_factory):
     return out
 
 
+def row(demo_dir, name):
+    return json.loads((demo_dir / "scorecard" / f"{name}.json").read_text())
+
+
 def test_every_stage_leaves_its_output(demo_dir):
-    for path in ("raw/shakespeare.jsonl", "curated/report.json", "curated/shards", "tokenizer/tokenizer.json",
-                 "tokens/index.json", "run/metrics.jsonl", "run/checkpoints/latest", "model/model.safetensors",
-                 "model/model.toml", "model/tokenizer/tokenizer.json", "eval.json", "samples.json",
-                 "report.md", "plots/loss.png", "commands.sh", "configs/pretrain.toml"):
+    for path in ("raw/shakespeare.jsonl", "chat/chat-math.jsonl", "chat/chat-math.heldout.jsonl",
+                 "curated/report.json", "tokenizer/tokenizer.json", "tokens/index.json", "run/metrics.jsonl",
+                 "sft/metrics.jsonl", "align/metrics.jsonl", "samples.json", "report.md", "plots/loss.png",
+                 "plots/sft_loss.png", "plots/align.png", "commands.sh", "budget.json", "configs/pretrain.toml",
+                 "configs/sft.toml", "configs/grpo.toml"):
         assert (demo_dir / path).exists(), path
+    for name in ROWS:
+        assert (demo_dir / "models" / name / "model.toml").is_file(), name
+        assert (demo_dir / "models" / name / "tokenizer" / "tokenizer.json").is_file(), name
     stages = json.loads((demo_dir / "stages.json").read_text())
-    assert all(v["status"] == "done" for v in stages.values())
-    assert list(stages) == ["sample", "curate", "tokenizer", "tokenize", "probe", "pretrain", "export_model",
-                            "evaluate", "samples"]
+    assert list(stages) == STAGES and all(v["status"] == "done" for v in stages.values())
+    assert all(v["threads"] >= 1 for v in stages.values())  # measured before each stage
 
 
-def test_validation_loss_fell_and_the_report_shows_every_section(demo_dir):
-    evals = [json.loads(line) for line in (demo_dir / "run" / "metrics.jsonl").read_text().splitlines()
-             if "val_loss" in line]
-    assert len(evals) >= 2 and evals[-1]["val_loss"] < evals[0]["val_loss"]
+def test_each_training_stage_ran_under_its_planned_time_limit(demo_dir):
+    plans = json.loads((demo_dir / "budget.json").read_text())["plans"]
+    assert set(plans) == {"pretrain", "sft", "align"}
+    for stage, run in (("pretrain", "run"), ("sft", "sft"), ("align", "align")):
+        summary = json.loads((demo_dir / run / "summary.json").read_text())
+        assert summary["time_limit_s"] == plans[stage]["seconds"] >= MIN_STAGE_SECONDS
+        assert summary["steps"] >= 1
+    commands = (demo_dir / "commands.sh").read_text()
+    assert "groundup sft" in commands and "groundup grpo" in commands and "--method int8" in commands
+
+
+def test_the_report_card_has_a_row_per_model_with_every_measure(demo_dir):
+    for name in ROWS:
+        r = row(demo_dir, name)
+        assert set(r["bpb"]) == {"text", "code", "math"} and all(v > 0 for v in r["bpb"].values())
+        assert 0 <= r["end_turn"] <= 1 and 0 <= r["exact_match_strict"] <= r["exact_match_lenient"] <= 1
+        assert r["math_problems"] == 8 and r["mc_items"] == 8 and set(r["mc_tasks"]) == {"arc_easy"}
+        assert -3 <= r["mc_centered"] <= 1 and r["decode_tokens_per_s"] > 0
+    assert row(demo_dir, "base")["native_exact_match_strict"] is not None
+    # int8 keeps embeddings in full precision but stores every projection in a quarter of the bytes,
+    # and changes the model's predictions very little.
+    aligned, int8 = row(demo_dir, "aligned"), row(demo_dir, "aligned-int8")
+    assert int8["size_bytes"] < 0.8 * aligned["size_bytes"]
+    for domain, bpb in aligned["bpb"].items():
+        assert int8["bpb"][domain] == pytest.approx(bpb, rel=0.02)
     report = (demo_dir / "report.md").read_text()
-    for heading in ("## Time per stage", "## Curation", "## Tokenizer and token shards", "## Model", "## Training",
-                    "## Evaluation", "## Samples", "![loss](plots/loss.png)"):
-        assert heading in report
-    result = json.loads((demo_dir / "eval.json").read_text())
-    assert set(result["domains"]) == {"text", "code", "math"} and result["bpb"] > 0
+    for heading in ("## Time per stage", "## Time budget", "## The models", "## Curation",
+                    "## Tokenizer and token shards", "## Model", "## Training", "## Fine-tuning and alignment",
+                    "## Conversations before and after alignment", "## Samples", "![loss](plots/loss.png)",
+                    "![sft_loss](plots/sft_loss.png)", "![align](plots/align.png)"):
+        assert heading in report, heading
+    table = report.split("## The models")[1].split("\n\n")[1]
+    assert [line.split("|")[1].strip() for line in table.splitlines()[2:]] == [f"**{n}**" for n in ROWS]
 
 
 def test_a_second_run_reuses_finished_stages(demo_dir, capsys):
     assert main(["demo", "--out", str(demo_dir), "--budget-minutes", "0.05", *MICRO]) == 0
     err = capsys.readouterr().err
-    assert err.count("reusing finished stage") == 9
+    assert err.count("reusing finished stage") == len(STAGES)
 
 
-def test_the_demo_model_works_with_generate(demo_dir, capsys):
-    assert main(["generate", "--checkpoint", str(demo_dir / "model"), "--prompt", "ROMEO.", "--max-new-tokens", "4",
-                 "--temperature", "0"]) == 0
-    assert "ROMEO." in capsys.readouterr().out
+def test_the_demo_models_work_with_generate(demo_dir, capsys):
+    for name in ("base", "aligned-int8"):
+        assert main(["generate", "--checkpoint", str(demo_dir / "models" / name), "--prompt", "ROMEO.",
+                     "--max-new-tokens", "4", "--temperature", "0"]) == 0
+        assert "ROMEO." in capsys.readouterr().out
+
+
+class FakeRunner:
+    def __init__(self, times):
+        self._times = times
+
+    def times(self):
+        return self._times
+
+
+def test_the_budget_split_in_closed_form():
+    cfg = from_dict(DemoConfig, {"budget_minutes": 10})  # 600 s; shares 0.7 / 0.15 / 0.15, evaluation 0.12
+    data = {"sample": 10.0, "curate": 30.0}
+    budget = DemoBudget(cfg, FakeRunner(data))
+    reserve = 0.12 * 600 + FIXED_SECONDS["report"] + FIXED_SECONDS["quantize"]
+    plan = budget.plan("pretrain")
+    assert plan.left == 560 and plan.reserved == pytest.approx(reserve, abs=0.1)
+    assert plan.seconds == pytest.approx((560 - reserve) * 0.7, abs=0.1)
+    # After pretraining (400 s) and a measured 10 s row: three rows left at 10 s x ROW_MARGIN.
+    budget = DemoBudget(cfg, FakeRunner({**data, "pretrain": 400.0, "score_base": 10.0}))
+    plan = budget.plan("sft", row_seconds=10.0, rows_done=1)
+    reserve = 3 * 10 * ROW_MARGIN + FIXED_SECONDS["report"] + FIXED_SECONDS["quantize"]
+    assert plan.seconds == pytest.approx((150 - reserve) * 0.5, abs=0.1)
+    # A spent budget still gives a stage its floor, never a negative limit.
+    budget = DemoBudget(cfg, FakeRunner({"pretrain": 700.0}))
+    assert budget.plan("align", row_seconds=10.0, rows_done=3).seconds == MIN_STAGE_SECONDS
+    # until=pretrain: pretraining gets all the training time, and one row is reserved.
+    short = from_dict(DemoConfig, {"budget_minutes": 10, "until": "pretrain"})
+    plan = DemoBudget(short, FakeRunner(data)).plan("pretrain")
+    assert plan.seconds == pytest.approx(560 - 0.12 * 600 - FIXED_SECONDS["report"], abs=0.1)

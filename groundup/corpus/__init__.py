@@ -50,11 +50,13 @@ def iter_corpus(
     chunk_chars: int | None = None,
     math_count: int = 20_000,
     seed: int = 0,
+    max_operand: int = 0,
 ) -> Iterator[dict]:
     """Yield the embedded corpus as records with `id`, `source`, `domain` and `text`.
 
     `chunk_chars` splits long documents (whole plays, long modules) at paragraph breaks; chunk ids
-    get a `#NNNN` suffix. Math records also carry `question` and `answer`.
+    get a `#NNNN` suffix. Math records also carry `question` and `answer`; `max_operand` bounds their
+    numbers, and no question is one the chat data of the same seed holds out (corpus/chat.py).
     """
     domains = tuple(domains)
     unknown = set(domains) - set(DOMAINS)
@@ -75,7 +77,10 @@ def iter_corpus(
             else:
                 yield record
     if "math" in domains:
-        yield from generate_math_records(math_count, seed=seed)
+        from groundup.corpus.chat import is_heldout_prompt
+
+        yield from generate_math_records(math_count, seed=seed, max_operand=max_operand,
+                                         exclude=lambda question: is_heldout_prompt(question, seed))
 
 
 __all__ = ["DOMAINS", "chunk_text", "generate_math_records", "iter_corpus", "iter_shakespeare", "iter_stdlib_code"]

@@ -23,7 +23,7 @@ import random
 import re
 from typing import Iterable, Iterator
 
-from groundup.corpus.math_problems import GENERATORS
+from groundup.corpus.math_problems import GENERATORS, OperandRandom
 from groundup.corpus.shakespeare import iter_shakespeare
 from groundup.corpus.stdlib_code import iter_stdlib_code
 from groundup.data.hashing import document_score
@@ -36,7 +36,14 @@ _SPEAKER = re.compile(r"^([A-Z][A-Za-z' ]{1,30})\.$")
 
 
 def _split(prompt: str, seed: int) -> str:
-    return "heldout" if document_score(prompt, seed) < HELDOUT_FRACTION else "train"
+    return "heldout" if is_heldout_prompt(prompt, seed) else "train"
+
+
+def is_heldout_prompt(prompt: str, seed: int) -> bool:
+    """Whether the chat data of `seed` holds this prompt out (by its hash: the same prompt, the same split).
+    The pretraining corpus of the same seed leaves these math questions out, so held-out exact match
+    is measured on questions no stage trained on."""
+    return document_score(prompt, seed) < HELDOUT_FRACTION
 
 
 def _record(rid: str, source: str, domain: str, messages: list[dict], seed: int, **extra) -> dict:
@@ -45,8 +52,8 @@ def _record(rid: str, source: str, domain: str, messages: list[dict], seed: int,
             **extra}
 
 
-def math_chats(count: int, seed: int = 0) -> Iterator[dict]:
-    rng = random.Random(seed + MATH_SEED_OFFSET)
+def math_chats(count: int, seed: int = 0, max_operand: int = 0) -> Iterator[dict]:
+    rng = OperandRandom(seed + MATH_SEED_OFFSET, max_operand)
     for i in range(count):
         question, solution, answer = rng.choice(GENERATORS)(rng)
         system = rng.choice(SYSTEM_PROMPTS)
@@ -62,13 +69,15 @@ def _functions(source: str) -> Iterator[tuple[str, str, str]]:
         tree = ast.parse(source)
     except (SyntaxError, ValueError):
         return
+    lines = source.splitlines(keepends=True)  # once per module: ast.get_source_segment splits it per call
     for node in tree.body:
         if not isinstance(node, ast.FunctionDef) or node.name.startswith("_"):
             continue
         doc = ast.get_docstring(node)
-        body = ast.get_source_segment(source, node)
-        if not doc or not body or not 3 <= body.count("\n") <= 40:
+        if not doc or node.end_lineno is None or not 3 <= node.end_lineno - node.lineno <= 40:
             continue
+        last = lines[node.end_lineno - 1].encode()[: node.end_col_offset].decode()  # offsets count UTF-8 bytes
+        body = "".join(lines[node.lineno - 1 : node.end_lineno - 1]) + last
         summary = doc.strip().split("\n\n")[0].replace("\n", " ").strip()
         if not 20 <= len(summary) <= 300:
             continue
@@ -115,7 +124,7 @@ def text_chats(count: int, seed: int = 0) -> Iterator[dict]:
 
 
 def iter_chat(domains: Iterable[str] = CHAT_DOMAINS, *, math_count: int = 20_000, code_count: int = 2_000,
-              text_count: int = 5_000, seed: int = 0) -> Iterator[dict]:
+              text_count: int = 5_000, seed: int = 0, max_operand: int = 0) -> Iterator[dict]:
     """Conversations per domain (see the module docstring), each with its `split`."""
     domains = tuple(domains)
     unknown = set(domains) - set(CHAT_DOMAINS)
@@ -123,6 +132,6 @@ def iter_chat(domains: Iterable[str] = CHAT_DOMAINS, *, math_count: int = 20_000
         from groundup.errors import ConfigError
 
         raise ConfigError(f"unknown chat domain(s) {sorted(unknown)}: expected some of {list(CHAT_DOMAINS)}")
-    makers = {"math": lambda: math_chats(math_count, seed), "code": lambda: code_chats(code_count, seed),
+    makers = {"math": lambda: math_chats(math_count, seed, max_operand), "code": lambda: code_chats(code_count, seed),
               "text": lambda: text_chats(text_count, seed)}
     yield from itertools.chain.from_iterable(makers[d]() for d in CHAT_DOMAINS if d in domains)

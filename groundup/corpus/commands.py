@@ -21,6 +21,8 @@ def sample_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--domains", nargs="+", default=["text", "code", "math"], help="text, code, math")
     p.add_argument("--chunk-chars", type=int, default=None, help="split long documents at paragraph breaks")
     p.add_argument("--math-count", type=int, default=20_000, help="number of generated math problems")
+    p.add_argument("--math-max-operand", type=int, default=0,
+                   help="bound every number a math problem draws (0: full ranges, up to 999)")
     p.add_argument("--limit", type=int, default=None, help="at most this many records per source")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--overwrite", action="store_true", help="replace <source>.jsonl files already in --out")
@@ -32,7 +34,8 @@ def sample(args: argparse.Namespace) -> None:
     from groundup.corpus import iter_corpus
 
     for flag, value, least in (("--math-count", args.math_count, 0), ("--limit", args.limit, 1),
-                               ("--chunk-chars", args.chunk_chars, 1)):
+                               ("--chunk-chars", args.chunk_chars, 1),
+                               ("--math-max-operand", args.math_max_operand, 0)):
         if value is not None and value < least:
             raise ConfigError(f"{flag} {value}: expected an integer >= {least}", key=flag)
     out = ensure_writable_dir(args.out)
@@ -40,11 +43,12 @@ def sample(args: argparse.Namespace) -> None:
         from groundup.corpus.chat import iter_chat
 
         sources = {"text": "chat-text", "code": "chat-code", "math": "chat-math"}
-        records = iter_chat(args.domains, math_count=args.math_count, seed=args.seed,
+        records = iter_chat(args.domains, math_count=args.math_count, seed=args.seed, max_operand=args.math_max_operand,
                             **({"code_count": args.limit, "text_count": args.limit} if args.limit else {}))
     else:
         sources = {"text": "shakespeare", "code": "python-stdlib", "math": "math-synthetic"}
-        records = iter_corpus(args.domains, chunk_chars=args.chunk_chars, math_count=args.math_count, seed=args.seed)
+        records = iter_corpus(args.domains, chunk_chars=args.chunk_chars, math_count=args.math_count, seed=args.seed,
+                              max_operand=args.math_max_operand)
     existing = [out / f"{sources.get(d, d)}.jsonl" for d in args.domains if (out / f"{sources.get(d, d)}.jsonl").exists()]
     if existing and not args.overwrite:
         raise DataError(f"{existing[0]} already exists: choose another --out or pass --overwrite")

@@ -23,6 +23,20 @@ ANSWER_RE = re.compile(r"Answer:\s*(-?\d+)")
 Problem = tuple[str, str, int]  # question, worked solution, answer
 
 
+class OperandRandom(random.Random):
+    """A Random whose `randint` draws at most `max_operand` (0: no bound): every problem keeps its
+    shape with smaller numbers, e.g. within the times tables a small model can learn."""
+
+    def __init__(self, seed: int, max_operand: int = 0):
+        super().__init__(seed)
+        self.max_operand = max_operand
+
+    def randint(self, a: int, b: int) -> int:
+        if self.max_operand:
+            a, b = min(a, self.max_operand), min(b, self.max_operand)
+        return super().randint(a, b)
+
+
 def _arithmetic(rng: random.Random) -> Problem:
     kind = rng.choice(["add", "sub", "mul", "div", "mixed", "mixed2"])
     a, b, c = rng.randint(2, 999), rng.randint(2, 999), rng.randint(2, 20)
@@ -125,11 +139,15 @@ def extract_answer(text: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def generate_math_records(count: int, seed: int = 0) -> Iterator[dict]:
-    """Yield `count` problems; the same seed always gives the same problems."""
-    rng = random.Random(seed)
+def generate_math_records(count: int, seed: int = 0, max_operand: int = 0,
+                          exclude: Callable[[str], bool] | None = None) -> Iterator[dict]:
+    """Yield `count` problems; the same seed always gives the same problems. `max_operand` bounds
+    every number drawn (0: the full ranges, up to 999); a question `exclude` accepts is drawn again."""
+    rng = OperandRandom(seed, max_operand)
     for i in range(count):
         question, solution, answer = rng.choice(GENERATORS)(rng)
+        while exclude is not None and exclude(question):
+            question, solution, answer = rng.choice(GENERATORS)(rng)
         yield {
             "id": f"math/{seed}/{i:07d}",
             "source": "math-synthetic",

@@ -12,9 +12,12 @@ docs/demo-recipe.md: the lowest held-out Shakespeare bits-per-byte within a 15-m
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from groundup.config import fail, from_dict
 from groundup.data.curate_config import CurateConfig
+from groundup.demo.scorecard import ScorecardConfig
+from groundup.posttrain.config import DPOConfig, GRPOConfig, SFTConfig
 from groundup.tokens.shards import TokenizeConfig
 from groundup.tokenizer.train import TokenizerConfig
 from groundup.train.config import TrainConfig
@@ -31,13 +34,15 @@ DEMO_MODEL = {"preset": "tiny", "d_model": 128, "n_layers": 4, "n_heads": 4, "n_
 def _pretrain() -> TrainConfig:
     return from_dict(TrainConfig, {
         "model": DEMO_MODEL,
-        "train": {"batch_size": 32, "seq_len": 128, "max_steps": 1000},  # max_steps comes from the budget
+        # max_steps is a first guess: the run re-plans it from its measured steps (train.time_limit_s)
+        "train": {"batch_size": 32, "seq_len": 128, "max_steps": 2000, "threads": -1},
+        "checkpoint": {"every": 400},
         # Muon on the hidden matrices (AdamW on embeddings and norms), its update scaled to AdamW's
         # RMS so one peak rate drives both: 0.07 bits/byte better than AdamW at the same time.
         "optim": {"name": "muon", "weight_decay": 0.1, "grad_clip": 1.0},
         "schedule": {"kind": "cosine", "peak_lr": 1e-2, "min_lr": 1e-3, "warmup_steps": 50},
         "precision": {"mode": "fp32"},
-        "eval": {"max_batches": 8},
+        "eval": {"max_batches": 8, "every": 400},
         "log": {"every": 10},
     })
 
@@ -64,35 +69,113 @@ class SampleConfig:
     })
 
 
+def _sft() -> SFTConfig:
+    # Full fine-tuning (the model is small); replay: DemoConfig.replay_fraction.
+    return from_dict(SFTConfig, {
+        "train": {"batch_size": 16, "seq_len": 128, "max_steps": 2000, "threads": -1},  # max_steps: a first guess
+        "schedule": {"kind": "wsd", "peak_lr": 1e-3, "min_lr": 1e-4, "warmup_steps": 10, "decay_fraction": 0.3},
+        "sft": {"eval_generations": 64, "eval_max_new_tokens": 48},  # scaled with the budget, as the scorecard
+        "eval": {"max_batches": 8, "every": 500},
+        "checkpoint": {"every": 1000},
+        "log": {"every": 10},
+    })
+
+
+def _grpo() -> GRPOConfig:
+    return from_dict(GRPOConfig, {
+        "train": {"batch_size": 4, "seq_len": 128, "max_steps": 400, "threads": -1},
+        "schedule": {"kind": "constant", "peak_lr": 2e-5, "warmup_steps": 0},
+        "grpo": {"rewards": ["exact_match"], "group_size": 8, "prompts_per_batch": 8, "max_new_tokens": 48,
+                 "temperature": 1.0, "eval_count": 64},
+        "eval": {"max_batches": 4, "every": 100},
+        "checkpoint": {"every": 200},
+        "log": {"every": 5},
+    })
+
+
+def _dpo() -> DPOConfig:
+    return from_dict(DPOConfig, {
+        "train": {"batch_size": 16, "seq_len": 128, "max_steps": 1000, "threads": -1},
+        "schedule": {"kind": "wsd", "peak_lr": 1e-5, "min_lr": 1e-6, "warmup_steps": 5, "decay_fraction": 0.3},
+        "dpo": {"beta": 0.1},
+        "eval": {"max_batches": 8, "every": 250},
+        "checkpoint": {"every": 500},
+        "log": {"every": 5},
+    })
+
+
+@dataclass
+class PairsConfig:
+    """`groundup data pairs` for DPO: the SFT model's own samples ranked by exact match."""
+
+    prompts: int = 400  # held-in chat-math prompts sampled (at a 15-minute budget)
+    samples: int = 4
+    temperature: float = 1.0
+    max_new_tokens: int = 48
+
+
+@dataclass
+class BudgetShares:
+    """How the training time is split (docs/demo-recipe.md: what each minute bought); evaluation,
+    quantization and the report get what their measured cost needs first."""
+
+    pretrain: float = 0.7
+    sft: float = 0.15
+    align: float = 0.15
+    evaluation: float = 0.12  # set aside for the four report-card rows until the first one is measured
+
+    def validate(self) -> None:
+        for key in ("pretrain", "sft", "align"):
+            if not getattr(self, key) > 0:
+                fail(key, getattr(self, key), "a positive share")
+        if not 0 < self.evaluation < 0.5:
+            fail("evaluation", self.evaluation, "a share in (0, 0.5)")
+
+
 @dataclass
 class DemoConfig:
     budget_minutes: float = 15.0  # end to end, data and tokenizer included
     seed: int = 0
     chunk_chars: int = 4000  # Shakespeare's plays and long modules split at paragraph breaks
-    math_count: int = 20_000  # generated problems
+    math_count: int = 20_000  # generated problems for pretraining
+    chat_math_count: int = 20_000  # generated arithmetic conversations for SFT and alignment
+    # Numbers within the 20 times table: arithmetic a model of this size can learn in minutes, so
+    # SFT and alignment have something to improve (the generator goes up to 999 with 0).
+    math_max_operand: int = 20
+    # Share of every SFT batch drawn from the pretraining shards, so the base's held-out bits per
+    # byte stay within a few percent (docs/demo-recipe.md).
+    replay_fraction: float = 0.2
     limit_per_source: int = 0  # keep at most this many records per source (0: all; tests use a few)
-    probe_steps: int = 8  # training steps timed to turn the budget into a step count
-    reserve_seconds: float = 45.0  # kept for evaluation, samples and the report
-    min_steps: int = 20
-    evals: int = 5  # validation passes during training
+    align: Literal["grpo", "dpo"] = "grpo"  # docs/demo-recipe.md: the one that gained more per minute here
+    until: Literal["", "pretrain", "sft", "align"] = ""  # stop after this stage (and its report-card row)
+    shares: BudgetShares = field(default_factory=BudgetShares)
     curate: CurateConfig = field(default_factory=_curate)
     # The tokenizer holds out the same documents (same fraction and seed) that become the
     # validation split, so validation bits-per-byte is measured on text the tokenizer never saw.
     # Held out: whole works of Shakespeare (every chunk and both editions of each), so the text figure
-    # measures generalisation, not recall of the other edition of the same play.
+    # measures generalisation, not recall of the other edition of the same play. With seed 0 the
+    # works whose hash falls under 0.15 are The Comedy of Errors, Henry VI Part 3, Timon of Athens
+    # and The Phoenix and the Turtle (the report lists them).
     tokenizer: TokenizerConfig = field(default_factory=lambda: TokenizerConfig(
-        vocab_size=4096, holdout_fraction=0.02, holdout_group=WORKS, holdout_group_fraction=0.1))
+        vocab_size=4096, holdout_fraction=0.02, holdout_group=WORKS, holdout_group_fraction=0.15))
     tokenize: TokenizeConfig = field(default_factory=lambda: TokenizeConfig(
-        val_fraction=0.02, split_group=WORKS, split_group_fraction=0.1))
+        val_fraction=0.02, split_group=WORKS, split_group_fraction=0.15))
     pretrain: TrainConfig = field(default_factory=_pretrain)
+    sft: SFTConfig = field(default_factory=_sft)
+    grpo: GRPOConfig = field(default_factory=_grpo)
+    dpo: DPOConfig = field(default_factory=_dpo)
+    pairs: PairsConfig = field(default_factory=PairsConfig)
+    scorecard: ScorecardConfig = field(default_factory=ScorecardConfig)
     samples: SampleConfig = field(default_factory=SampleConfig)
 
     def validate(self) -> None:
         if self.budget_minutes <= 0:
             fail("budget_minutes", self.budget_minutes, "a positive number of minutes")
-        for key in ("probe_steps", "min_steps", "evals", "chunk_chars", "math_count"):
+        for key in ("chunk_chars", "math_count", "chat_math_count"):
             if getattr(self, key) < 1:
                 fail(key, getattr(self, key), "a positive integer")
+        if self.math_max_operand < 0:
+            fail("math_max_operand", self.math_max_operand, "0 (the full ranges) or a positive bound")
         if (self.tokenizer.holdout_fraction, self.tokenizer.seed, self.tokenizer.holdout_group,
                 self.tokenizer.holdout_group_fraction) != (self.tokenize.val_fraction, self.tokenize.seed,
                                                            self.tokenize.split_group, self.tokenize.split_group_fraction):

@@ -39,6 +39,7 @@ class StageRunner:
         self.previous = ""  # fingerprint chain: a stage depends on every stage before it
         self.order: list[str] = []
         self.started = time.perf_counter()
+        self.prepare: Callable[[], dict] | None = None  # called before a stage runs; its result is recorded
 
     def elapsed(self) -> float:
         """Seconds spent in this invocation so far."""
@@ -60,10 +61,12 @@ class StageRunner:
                 path.unlink()
         banner(f"{len(self.order)}. {title}")
         start = time.perf_counter()
+        prepared = self.prepare() if self.prepare is not None else {}
         result = fn()
         seconds = time.perf_counter() - start
         self.state[name] = {"status": "done", "fingerprint": key, "seconds": round(seconds, 2),
-                            "title": title, "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S"), "result": result}
+                            "title": title, "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S"), "result": result,
+                            **prepared}
         atomic_write_json(self.path, self.state)
         print(f"[{name}] done in {seconds:.1f} s", file=sys.stderr, flush=True)
         return result

@@ -27,7 +27,7 @@ from groundup.layout import DATA_REPORT_FILE
 from groundup.model.lora import apply_lora
 from groundup.posttrain.config import SFTConfig
 from groundup.posttrain.records import Example, iter_examples
-from groundup.posttrain.rewards import extract_answer
+from groundup.posttrain.chat_eval import chat_metrics
 from groundup.posttrain.run import posttrain_session
 from groundup.posttrain.sft_data import SFTLoader, collate, pack, tokenize
 from groundup.tokens.loader import IGNORE_INDEX, TokenLoader
@@ -76,26 +76,10 @@ class SFTObjective:
         return record, message
 
     def generation_metrics(self, model) -> dict:
-        from groundup.infer import Generator
-
-        gen = Generator(model, self.tokenizer)
         chats = [ex for ex in self.heldout if ex.messages][: self.cfg.sft.eval_generations]
-        if not chats:
-            return {}
-        prompts = [self.tokenizer.render_chat(ex.messages[: ex.completion_at], add_generation_prompt=True)[0]
-                   for ex in chats]
-        outs = []
-        for i in range(0, len(prompts), 8):
-            outs += gen.complete_ids(prompts[i : i + 8], max_new_tokens=self.cfg.sft.eval_max_new_tokens, temperature=0,
-                                     overflow="truncate")
-        end_of_turn = self.tokenizer.end_of_turn_id
-        record = {"val_end_turn": sum(bool(o.token_ids) and o.token_ids[-1] == end_of_turn for o in outs) / len(outs)}
-        answered = [(ex, o) for ex, o in zip(chats, outs) if ex.meta.get("answer") is not None]
-        if answered:
-            for strict, key in ((True, "val_exact_match_strict"), (False, "val_exact_match_lenient")):
-                hits = [extract_answer(o.text, strict) == str(ex.meta["answer"]).replace(",", "") for ex, o in answered]
-                record[key] = sum(hits) / len(hits)
-        return record
+        found = chat_metrics(model, self.tokenizer, chats, self.cfg.sft.eval_max_new_tokens)
+        return {f"val_{k}": v for k, v in found.items() if k in ("end_turn", "exact_match_strict",
+                                                                  "exact_match_lenient")}
 
 
 def _is_heldout(ex: Example, cfg: SFTConfig) -> bool:

@@ -2,11 +2,12 @@
 
 Every section is optional: it appears when its input exists, so `groundup report RUN` works on a
 plain `groundup train` run (config, metrics, plots, evaluations) as well as on a demo directory,
-which adds the stage times, the curation table, tokenizer statistics, per-domain evaluation and
-sample generations.
+which adds the stage times and the budget, the curation table, tokenizer statistics, the held-out
+works, the models table (one row per model), fine-tuning and alignment curves, conversations before
+and after alignment, and sample generations.
 
-Demo directory layout (see groundup/demo/): stages.json, curated/report.json, tokenizer/,
-tokens/index.json, run/ (a training run), model/, eval.json, samples.json.
+Demo directory layout (see groundup/demo/run.py): stages.json, budget.json, curated/report.json,
+tokenizer/, tokens/index.json, run/ (pretraining), models/, sft/, align/, scorecard/, samples.json.
 """
 
 from __future__ import annotations
@@ -20,9 +21,11 @@ from groundup.errors import CheckpointError, DataError
 from groundup.io import atomic_write_text
 from groundup.layout import (METRICS_FILE, SUMMARY_FILE, TOKENIZER_DIR, TOKENIZER_META_FILE, is_model_dir, is_run_dir,
                              resolve_model_dir)
+from groundup.report.demo_sections import (budget_section, conversations_section, heldout_section,
+                                           plot_posttraining, posttraining_section, scorecard_section)
 from groundup.report.plots import plot_training, read_metrics
-from groundup.report.sections import (curation_section, eval_section, model_section, samples_section,
-                                      stages_section, tokenizer_section, training_section)
+from groundup.report.sections import (curation_section, model_section, samples_section, stages_section,
+                                      tokenizer_section, training_section)
 
 REPORT_FILE = "report.md"
 PLOTS_DIR = "plots"
@@ -65,6 +68,12 @@ def write_report(root: str | Path, title: str | None = None, overwrite: bool = F
     stages = _load(root / "stages.json")
     if stages:
         parts += stages_section(stages)
+        budget = _load(root / "budget.json")
+        if budget:
+            parts += budget_section(budget, stages)
+    rows = _scorecard(root)
+    if rows:
+        parts += scorecard_section(list(rows.values()))
     curation = _load(root / "curated" / "report.json")
     if curation:
         parts += curation_section(curation)
@@ -72,7 +81,9 @@ def write_report(root: str | Path, title: str | None = None, overwrite: bool = F
     shards = _load(root / "tokens" / "index.json")
     if tok_meta or shards:
         parts += tokenizer_section(tok_meta, shards)
-    model_dir = root / "model" if is_model_dir(root / "model") else None
+    if shards:
+        parts += heldout_section(shards)
+    model_dir = root / "models" / "base" if is_model_dir(root / "models" / "base") else None
     if model_dir is None and run is not None:
         try:
             model_dir = resolve_model_dir(run, note=lambda _: None)
@@ -85,14 +96,25 @@ def write_report(root: str | Path, title: str | None = None, overwrite: bool = F
         train, evals, events = read_metrics(run / METRICS_FILE)
         parts += training_section(train, evals, events, {k: p.relative_to(root) for k, p in plots.items()},
                                   _load(run / SUMMARY_FILE))
-    evaluation = _load(root / "eval.json")
-    if evaluation:
-        parts += eval_section(evaluation)
+    if run is not None and run != root:
+        parts += posttraining_section(plot_posttraining(root / "sft" / METRICS_FILE, root / "align" / METRICS_FILE,
+                                                        root / PLOTS_DIR), root)
+    parts += conversations_section(rows)
     samples = _load(root / "samples.json")
     if samples:
         parts += samples_section(samples)
     atomic_write_text(path, "\n".join(parts).rstrip() + "\n")
     return path
+
+
+def _scorecard(root: Path) -> dict[str, dict]:
+    """The demo's report-card rows by model name (OUT/scorecard/*.json), unreadable ones left out."""
+    rows = {}
+    for path in sorted((root / "scorecard").glob("*.json")) if (root / "scorecard").is_dir() else []:
+        row = _load(path)
+        if isinstance(row, dict) and isinstance(row.get("name"), str):
+            rows[row["name"]] = row
+    return rows
 
 
 def _ours(path: Path) -> bool:

@@ -49,7 +49,7 @@ def read_metrics(path: str | Path) -> tuple[list[dict], list[dict], list[dict]]:
     return train, evals, events
 
 
-def _series(rows: list[dict], x: str, y: str) -> tuple[list, list]:
+def series(rows: list[dict], x: str, y: str) -> tuple[list, list]:
     """The finite (x, y) points of two metrics (NaN, infinity and non-numbers are left out of plots)."""
     pairs = [(_number(r.get(x)), _number(r.get(y))) for r in rows]
     pairs = [(a, b) for a, b in pairs if a is not None and b is not None and math.isfinite(a) and math.isfinite(b)]
@@ -78,8 +78,8 @@ def plot_training(metrics_path: str | Path, out_dir: str | Path) -> dict[str, Pa
         written[name] = path
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot(*_series(train, "tokens", "loss"), label="train", linewidth=1)
-    vx, vy = _series(evals, "tokens", "val_loss")
+    ax.plot(*series(train, "tokens", "loss"), label="train", linewidth=1)
+    vx, vy = series(evals, "tokens", "val_loss")
     if vx:
         ax.plot(vx, vy, "o-", label="validation", markersize=3)
     ax.set(xlabel="tokens", ylabel="loss (nats/token)", title="Loss")
@@ -90,7 +90,7 @@ def plot_training(metrics_path: str | Path, out_dir: str | Path) -> dict[str, Pa
     for key, name, title, log in (("lr", "lr", "Learning rate", False),
                                   ("grad_norm", "grad_norm", "Gradient norm (before clipping)", True),
                                   ("tokens_per_sec", "throughput", "Throughput (tokens/s)", False)):
-        xs, ys = _series(train, "tokens", key)
+        xs, ys = series(train, "tokens", key)
         if not xs:
             continue
         fig, ax = plt.subplots(figsize=(7, 3))

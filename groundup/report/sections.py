@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def _table(header: list[str], rows: list[list]) -> list[str]:
+def markdown_table(header: list[str], rows: list[list]) -> list[str]:
     out = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
     out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return out + [""]
@@ -25,7 +25,7 @@ def _num(n: float) -> str:
 def stages_section(stages: dict) -> list[str]:
     rows = [[v.get("title", k), f"{v['seconds']:.1f}"] for k, v in stages.items() if "seconds" in v]
     total = sum(v["seconds"] for v in stages.values() if "seconds" in v)
-    return ["## Time per stage", ""] + _table(["stage", "seconds"], rows + [["**total**", f"**{total:.1f}**"]])
+    return ["## Time per stage", ""] + markdown_table(["stage", "seconds"], rows + [["**total**", f"**{total:.1f}**"]])
 
 
 def curation_section(report: dict) -> list[str]:
@@ -42,7 +42,7 @@ def curation_section(report: dict) -> list[str]:
     for title, key in (("Per domain", "domains"), ("Per source", "sources")):
         table = report.get(key) or {}
         if table:
-            out += [f"### {title}", ""] + _table(
+            out += [f"### {title}", ""] + markdown_table(
                 [key[:-1], "docs in", "bytes in", "docs kept", "docs out", "bytes out"],
                 [[name, f"{v.get('docs_in', 0):,}", _mb(v.get("bytes_in", 0)), f"{v.get('docs_kept', 0):,}",
                   f"{v.get('docs_out', 0):,}", _mb(v.get("bytes_out", 0))] for name, v in table.items()])
@@ -56,7 +56,7 @@ def curation_section(report: dict) -> list[str]:
             rows.append([stage["name"], domain, f"{v['docs_in']:,}", f"{removed:,}",
                          _mb(v.get("bytes_in", 0) - v.get("bytes_out", 0)), reasons or "-"])
     if rows:
-        out += ["### Per filter and domain", ""] + _table(
+        out += ["### Per filter and domain", ""] + markdown_table(
             ["stage", "domain", "docs in", "docs removed", "bytes removed", "top reasons"], rows)
     dedup = report.get("dedup") or {}
     exact, minhash = dedup.get("exact") or {}, dedup.get("minhash") or {}
@@ -73,7 +73,7 @@ def curation_section(report: dict) -> list[str]:
     mix = report.get("mix") or {}
     if mix.get("output"):
         weights = mix.get("weights") or {}
-        out += ["### Mix", ""] + _table(
+        out += ["### Mix", ""] + markdown_table(
             ["domain", "target share", "achieved share", "documents", "bytes"],
             [[d, f"{100 * weights[d]:.1f}%" if d in weights else "-", f"{100 * v['share']:.1f}%", f"{v['docs']:,}",
               _mb(v["bytes"])] for d, v in mix["output"].items()])
@@ -92,7 +92,7 @@ def tokenizer_section(meta: dict | None, shards: dict | None) -> list[str]:
         if stats:
             rows = [[d, f"{e['documents']:,}", f"{e['bytes_per_token']:.3f}" if e.get("bytes_per_token") else "-"]
                     for d, e in [*stats["domains"].items(), ("all", stats["total"])]]
-            out += ["Bytes per token on held-out documents:", ""] + _table(["domain", "documents", "bytes/token"], rows)
+            out += ["Bytes per token on held-out documents:", ""] + markdown_table(["domain", "documents", "bytes/token"], rows)
             out.append(f"Vocabulary used on held-out text: {100 * stats['vocab_used_share']:.1f}%. Longest tokens: "
                        + ", ".join(f"`{t['text']!r}`" for t in stats.get("longest_tokens", [])[:6]) + ".")
             out.append("")
@@ -101,7 +101,7 @@ def tokenizer_section(meta: dict | None, shards: dict | None) -> list[str]:
         for split, s in (shards.get("splits") or {}).items():
             for domain, d in (s.get("domains") or {}).items():
                 rows.append([split, domain, f"{d['documents']:,}", f"{d['tokens']:,}", _mb(d["bytes"])])
-        out += ["Token shards:", ""] + _table(["split", "domain", "documents", "tokens", "bytes"], rows)
+        out += ["Token shards:", ""] + markdown_table(["split", "domain", "documents", "tokens", "bytes"], rows)
     return out
 
 
@@ -140,7 +140,7 @@ def training_section(train: list[dict], evals: list[dict], events: list[dict], p
             domains = ", ".join(f"{k.split('/', 1)[1]} {v:.3f}" for k, v in e.items() if k.startswith("val_bpb/"))
             rows.append([f"{e.get('step', '?'):,}", f"{e.get('tokens', 0):,}", f"{e['val_loss']:.4f}",
                          f"{e['val_bpb']:.4f}" if e.get("val_bpb") is not None else "-", domains or "-"])
-        out += ["Validation during training:", ""] + _table(["step", "tokens", "val loss", "val bpb",
+        out += ["Validation during training:", ""] + markdown_table(["step", "tokens", "val loss", "val bpb",
                                                              "bpb by domain"], rows)
     if events:
         counts: dict[str, int] = {}
@@ -150,16 +150,6 @@ def training_section(train: list[dict], evals: list[dict], events: list[dict], p
     for name, path in plots.items():
         out += [f"![{name}]({path.as_posix()})", ""]
     return out
-
-
-def eval_section(evaluation: dict) -> list[str]:
-    domains = evaluation.get("domains") or {}
-    rows = [[d, f"{v['loss']:.4f}", f"{v['bpb']:.4f}", f"{v.get('tokens', 0):,}"] for d, v in domains.items()]
-    if evaluation.get("all"):
-        a = evaluation["all"]
-        rows.append(["**all**", f"{a['loss']:.4f}", f"{a['bpb']:.4f}", f"{a.get('tokens', 0):,}"])
-    return ["## Evaluation (held-out validation split)", ""] + _table(
-        ["domain", "loss (nats/token)", "bits per byte", "tokens"], rows)
 
 
 def samples_section(samples: dict) -> list[str]:

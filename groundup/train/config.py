@@ -30,7 +30,9 @@ class LoopConfig:
     seq_len: int = 256  # tokens per sequence (at most model.max_seq_len)
     seed: int = 0  # model init, data order and dropout
     device: str = "auto"  # auto: cuda when available, else cpu
-    threads: int = 0  # torch CPU threads; 0: leave torch's choice (set it for bit-exact reruns across machines)
+    # torch CPU threads; 0: leave torch's choice (set it for bit-exact reruns across machines); -1: measure
+    # the fastest count at the start and every 10 s (a busy machine runs faster on fewer: train/threads.py)
+    threads: int = 0
     compile: bool = False  # torch.compile the model (slow start, faster steps on GPU)
     grad_checkpointing: bool = False  # recompute block activations in backward (less memory)
     # Wall-clock budget in seconds for this invocation, setup included; 0 = none. max_steps is then a
@@ -48,8 +50,8 @@ class LoopConfig:
         for key in ("batch_size", "grad_accum", "seq_len"):
             if getattr(self, key) < 1:
                 fail(key, getattr(self, key), "a positive integer")
-        if self.threads < 0:
-            fail("threads", self.threads, "0 (torch's default) or a positive count")
+        if self.threads < -1:
+            fail("threads", self.threads, "0 (torch's default), -1 (measured) or a positive count")
         if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):
             fail("device", self.device, "auto, cpu, cuda or cuda:N")
 

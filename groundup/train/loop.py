@@ -32,6 +32,7 @@ from groundup.train.distributed import Dist, init_distributed
 from groundup.train.metrics import MetricsLog, peak_flops, truncate_metrics
 from groundup.train.state import TrainState, restore_state, save_state
 from groundup.train.step import train_step
+from groundup.train.threads import ThreadTuner
 from groundup.train.time_budget import TimeBudget, apply_plan
 
 
@@ -61,7 +62,7 @@ def training_session(cfg) -> Iterator[tuple[Dist, dict]]:
     """The process group (or one process), torch's thread count, and the stop flag the signals set."""
     d = init_distributed(cfg)
     threads = torch.get_num_threads()
-    if cfg.train.threads:
+    if cfg.train.threads > 0:
         torch.set_num_threads(cfg.train.threads)
     try:
         with _signals() as stop:
@@ -139,7 +140,7 @@ def _replan(state: TrainState, log: MetricsLog, budget: TimeBudget, why: str) ->
     old = cfg.train.max_steps
     state.cfg = cfg = apply_plan(cfg, *plan)
     state.schedule.max_steps = cfg.train.max_steps
-    budget.plans += 1
+    budget.planned()
     if log.bar is not None:
         log.bar.total = cfg.train.max_steps
     if d.is_main:
@@ -235,12 +236,17 @@ def _loop(state: TrainState, log: MetricsLog, stop: dict, began: float) -> dict:
     last_eval: dict = {}
     last_loss, interrupted, start_step = float("nan"), None, state.step
     budget, timed_out = TimeBudget(cfg.train.time_limit_s, began, state.step), False
+    tuner = ThreadTuner(cfg.train.threads == -1 and d.device.type == "cpu", cfg.model.d_model)
     while state.step < cfg.train.max_steps:
         started = time.perf_counter()
         out_of_time = budget.should_stop(cfg.eval.at_end)
         r = train_step(state, bool(stop) or out_of_time)
         took = time.perf_counter() - started
         budget.step_done(state.step + 1, took)
+        threads = tuner.after_step(took)
+        if threads is not None:  # the machine's load changed: the step times so far no longer apply
+            budget.steps.clear()
+            log.write({"event": "threads", "step": state.step + 1, "threads": threads})
         state.step += 1
         state.tokens += r.tokens
         state.elapsed += took
@@ -304,7 +310,7 @@ def _loop(state: TrainState, log: MetricsLog, stop: dict, began: float) -> dict:
         "interrupted": interrupted, "precision": state.precision.mode, "world_size": d.world_size,
         "strategy": d.strategy, "tp": d.tp, "processes": d.processes, "max_steps": cfg.train.max_steps,
         "time_limit_s": cfg.train.time_limit_s, "time_limit_reached": timed_out,
-        "replans": budget.plans,
+        "replans": budget.plans, "threads": torch.get_num_threads(),
     }
     if d.is_main:
         atomic_write_json(state.run_dir / SUMMARY_FILE, summary)

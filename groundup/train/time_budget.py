@@ -4,7 +4,8 @@ A time-limited run treats `train.max_steps` as a first guess. After a few steady
 two of a session allocate and warm kernels up, so they are left out) it times one evaluation and
 one checkpoint, then sets max_steps so that the remaining steps, the evaluations and checkpoints
 still due and the final ones end at the limit: this is the plan. The eval and checkpoint cadences
-scale with max_steps, so the run keeps the number of evaluations and checkpoints it was given.
+scale with max_steps, so the run keeps the number of evaluations and checkpoints it was given,
+unless they would take more than OVERHEAD_SHARE of the time left: then there are fewer.
 
 The plan is checked CHECKS times over the run and re-made, from the step times of the recent
 window, when the projected end drifts by more than `DRIFT` of the budget (a competing process
@@ -29,6 +30,8 @@ FIRST_PLAN_AFTER = 5  # steady steps timed before the first plan
 WINDOW = 30  # recent steps the step time is taken over (the median: robust to a stray slow step)
 MARGIN = 1.02  # steps planned at 2% over the measured time: the loop's own work between steps
 DRIFT = 0.03  # re-plan when the projected end moves by more than this share of the budget
+OVERHEAD_SHARE = 0.2  # at most this share of the time left goes to periodic evaluations and checkpoints
+MIN_STEPS_BETWEEN_PLANS = 10  # new step times a re-plan needs (fewer: noise, not a change)
 CHECKS = 40  # times per run the projection is checked (a broadcast from the main process each)
 
 
@@ -41,6 +44,7 @@ class TimeBudget:
         self.eval_s: float | None = None  # the last evaluation's seconds
         self.checkpoint_s: float | None = None
         self.plans = 0
+        self.steps_since_plan = 0
 
     @property
     def enabled(self) -> bool:
@@ -51,6 +55,7 @@ class TimeBudget:
     def step_done(self, step: int, seconds: float) -> None:
         if step > self.start_step + WARMUP_STEPS:
             self.steps.append(seconds)
+            self.steps_since_plan += 1
 
     def timed(self, kind: str, seconds: float) -> None:
         setattr(self, f"{kind}_s", seconds)
@@ -78,23 +83,33 @@ class TimeBudget:
         """(max_steps, eval.every, checkpoint.every) that end the run at the deadline from `step`."""
         left = self.deadline - time.time() - self.final_cost(cfg.eval.at_end)
         old = cfg.train.max_steps
-        n_evals = old / cfg.eval.every if cfg.eval.every else 0.0  # kept as max_steps changes
+        eval_s, ckpt_s = self.eval_s or 0.0, self.checkpoint_s or 0.0
+        # The counts the config asked for, kept as max_steps changes; but evaluations and checkpoints
+        # never take more than OVERHEAD_SHARE of the time left (a cadence set for a first guess of
+        # max_steps can ask for far more than the budget affords).
+        n_evals = old / cfg.eval.every if cfg.eval.every else 0.0
         n_ckpts = old / cfg.checkpoint.every
+        overhead = n_evals * eval_s + n_ckpts * ckpt_s
+        if overhead > OVERHEAD_SHARE * max(left, 0.0):
+            cut = OVERHEAD_SHARE * max(left, 0.0) / overhead
+            n_evals, n_ckpts = n_evals * cut, n_ckpts * cut
         per_step = self.step_time() * MARGIN
-        # Each remaining step also carries its share of the evaluations and checkpoints still due.
         total = old
         for _ in range(3):  # the shares depend on the new length: a few fixed-point rounds settle it
-            evals_left = n_evals * max(0, total - step) / max(total, 1)
-            ckpts_left = n_ckpts * max(0, total - step) / max(total, 1)
-            overhead = evals_left * (self.eval_s or 0.0) + ckpts_left * (self.checkpoint_s or 0.0)
+            share_left = max(0, total - step) / max(total, 1)
+            overhead = share_left * (n_evals * eval_s + n_ckpts * ckpt_s)
             total = step + max(1, int((left - overhead) / per_step))
-        scale = total / old
-        every = max(1, round(cfg.eval.every * scale)) if cfg.eval.every else 0
-        return total, every, max(1, round(cfg.checkpoint.every * scale))
+        every = max(1, round(total / n_evals)) if cfg.eval.every and n_evals >= 1 else (total if cfg.eval.every else 0)
+        return total, every, max(1, round(total / n_ckpts)) if n_ckpts >= 1 else total
+
+    def planned(self) -> None:
+        self.plans += 1
+        self.steps_since_plan = 0
 
     def check_due(self, step: int, max_steps: int) -> bool:
         """Every CHECKS-th of the run, once planned: time to compare the projected end with the deadline."""
-        return self.enabled and self.plans > 0 and step % max(1, max_steps // CHECKS) == 0
+        return (self.enabled and self.plans > 0 and self.steps_since_plan >= MIN_STEPS_BETWEEN_PLANS
+                and step % max(1, max_steps // CHECKS) == 0)
 
     def drifted(self, cfg, step: int) -> bool:
         """Whether the run, at today's step time, would end more than DRIFT of the budget off the deadline."""

@@ -1,0 +1,87 @@
+"""Greedy replies to held-out conversations: the share that end their turn, and arithmetic exact match.
+
+    metrics = chat_metrics(model, tokenizer, examples, max_new_tokens=64)
+    # {"end_turn": 0.98, "exact_match_strict": 0.41, "exact_match_lenient": 0.44, "replies": 200, "answered": 180}
+
+One definition serves SFT's evaluation during training, the alignment stages and the demo's report
+card, so the numbers of every model (base, SFT, aligned, quantized) are comparable:
+
+- a reply is the model's greedy continuation of the chat template up to the assistant's turn
+  (`render_chat(..., add_generation_prompt=True)`), at most `max_new_tokens`;
+- it ends its turn when its last token is the tokenizer's end-of-turn token (a reply cut off by
+  `max_new_tokens` does not);
+- exact match, over examples whose record carries an `answer`: strict reads the `Answer:` line,
+  lenient the last number of the reply (`rewards.extract_answer`), compared with the answer without
+  thousands separators.
+
+`native_math_metrics` asks a base model in its pretraining format instead ("Question: ...\\nSolution:"),
+the fair measure of what pretraining alone gives.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from groundup.posttrain.records import Example
+from groundup.posttrain.rewards import extract_answer
+
+BATCH = 16  # prompts decoded together
+
+
+def _exact(examples: Sequence, texts: Sequence[str]) -> dict:
+    answered = [(ex, t) for ex, t in zip(examples, texts) if ex.meta.get("answer") is not None]
+    if not answered:
+        return {}
+    out = {"answered": len(answered)}
+    for strict, key in ((True, "exact_match_strict"), (False, "exact_match_lenient")):
+        hits = [extract_answer(t, strict) == str(ex.meta["answer"]).replace(",", "") for ex, t in answered]
+        out[key] = sum(hits) / len(hits)
+    return out
+
+
+@torch.no_grad()
+def chat_replies(model, tokenizer, examples: Sequence[Example], max_new_tokens: int = 64):
+    """Greedy replies (engine outputs) to each example's conversation up to its first learned reply."""
+    from groundup.infer import Generator
+
+    gen = Generator(model, tokenizer)
+    prompts = [tokenizer.render_chat(ex.messages[: ex.completion_at], add_generation_prompt=True)[0]
+               for ex in examples]
+    outs = []
+    for i in range(0, len(prompts), BATCH):
+        outs += gen.complete_ids(prompts[i : i + BATCH], max_new_tokens=max_new_tokens, temperature=0,
+                                 overflow="truncate")
+    return outs
+
+
+def chat_metrics(model, tokenizer, examples: Sequence[Example], max_new_tokens: int = 64) -> dict:
+    """End-of-turn share and exact match (strict, lenient) of greedy replies to `examples` (chats only)."""
+    chats = [ex for ex in examples if ex.messages]
+    if not chats:
+        return {}
+    outs = chat_replies(model, tokenizer, chats, max_new_tokens)
+    end = tokenizer.end_of_turn_id
+    record = {"replies": len(outs),
+              "end_turn": sum(bool(o.token_ids) and o.token_ids[-1] == end for o in outs) / len(outs)}
+    record.update(_exact(chats, [o.text for o in outs]))
+    return record
+
+
+@torch.no_grad()
+def native_math_metrics(model, tokenizer, examples: Sequence[Example], max_new_tokens: int = 64) -> dict:
+    """Exact match of a base model asked in the pretraining corpus's format: "Question: Q\\nSolution:"."""
+    from groundup.infer import Generator
+
+    asked = [ex for ex in examples if ex.messages and ex.meta.get("answer") is not None]
+    if not asked:
+        return {}
+    gen = Generator(model, tokenizer)
+    prompts = [f"Question: {ex.messages[ex.completion_at - 1]['content']}\nSolution:" for ex in asked]
+    texts = []
+    for i in range(0, len(prompts), BATCH):
+        outs = gen.generate(prompts[i : i + BATCH], max_new_tokens=max_new_tokens, temperature=0,
+                            stop=["\n\n", "\nQuestion:"])
+        texts += list(outs)
+    return _exact(asked, texts)

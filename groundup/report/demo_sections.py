@@ -1,0 +1,143 @@
+"""The demo's report-card sections: the models table, the time budget, held-out works, post-training
+curves and conversations before and after alignment.
+
+Inputs (groundup/demo/): OUT/scorecard/NAME.json (one row per model), OUT/budget.json (each stage's
+planned and measured seconds), OUT/tokens/index.json (the groups each split holds), OUT/sft and
+OUT/align (training runs: metrics.jsonl).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from groundup.report.plots import series, read_metrics
+from groundup.report.sections import markdown_table
+
+ROW_ORDER = ["base", "sft", "aligned", "aligned-int8"]
+
+
+def _pct(value) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
+def _f(value, digits: int = 3) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def scorecard_section(rows: list[dict]) -> list[str]:
+    rows = sorted(rows, key=lambda r: ROW_ORDER.index(r["name"]) if r["name"] in ROW_ORDER else len(ROW_ORDER))
+    domains = sorted({d for r in rows for d in r.get("bpb", {})})
+    table = []
+    for r in rows:
+        table.append([f"**{r['name']}**", *[_f(r.get("bpb", {}).get(d)) for d in domains],
+                      _pct(r.get("exact_match_strict")), _pct(r.get("exact_match_lenient")), _pct(r.get("end_turn")),
+                      _f(r.get("mc_centered")), f"{r.get('size_bytes', 0) / 1e6:.2f}",
+                      f"{r.get('decode_tokens_per_s', 0):,.0f}"])
+    header = ["model", *[f"{d} bpb" for d in domains], "arithmetic EM (strict)", "EM (lenient)", "ends turn",
+              "MC (centred)", "weights MB", "decode tok/s"]
+    first = rows[0] if rows else {}
+    out = ["## The models", ""] + markdown_table(header, table)
+    notes = [f"Bits per byte: the validation split of each domain (lower is better). Exact match: greedy replies to "
+             f"{first.get('math_problems', 0)} held-out arithmetic conversations (strict: the `Answer:` line; "
+             "lenient: the last number). Ends turn: the share of held-out replies of every domain that end with "
+             "the end-of-turn token. MC: the chance-centred mean accuracy over "
+             f"{', '.join(first.get('mc_tasks', {}))} ({first.get('mc_items', 0)} items each; 0 is chance). "
+             "Decode: greedy tokens/s of one sequence on this machine."]
+    if first.get("native_exact_match_strict") is not None:
+        notes.append(f"The base model has never seen the chat template; asked in its pretraining format "
+                     f"(`Question: ...\\nSolution:`) its exact match is {_pct(first['native_exact_match_strict'])} "
+                     f"strict, {_pct(first.get('native_exact_match_lenient'))} lenient.")
+    return out + [" ".join(notes), ""]
+
+
+def budget_section(budget: dict, stages: dict) -> list[str]:
+    total = budget.get("budget_s") or 0
+    used = sum(v.get("seconds", 0) for v in stages.values())
+    plans = budget.get("plans") or {}
+    rows = []
+    for name, plan in plans.items():
+        actual = (stages.get(name) or {}).get("seconds")
+        rows.append([name, f"{plan['seconds']:.0f}", "-" if actual is None else f"{actual:.0f}",
+                     f"{plan['budget_left']:.0f}", f"{plan['reserved']:.0f}"])
+    out = ["## Time budget", "",
+           f"{used:.0f} s of the {total:.0f} s budget used ({100 * used / total:.0f}%)." if total else "", ""]
+    if rows:
+        out += ["Each training stage's time limit was set when it started: the budget left, less what the "
+                "report-card rows, quantization and the report still need (measured once the first row ran), "
+                "split by the shares in the demo's config (docs/demo-recipe.md says how they were chosen).", ""]
+        out += markdown_table(["training stage", "limit (s)", "took (s)", "budget left at start (s)", "kept for later (s)"], rows)
+    return out
+
+
+def heldout_section(index: dict) -> list[str]:
+    groups = (index.get("groups") or {}).get("val")
+    field = index.get("split_group")
+    if not field or not groups:
+        return []
+    names = ", ".join(g.replace("_", " ") for g in groups)
+    return ["## Held out", "",
+            f"The validation split holds whole groups by the record field `{field}`: every chunk and every "
+            f"edition of {names}. No stage trained on them, the tokenizer included, so the text bits per byte "
+            "measure generalisation to unseen works.", ""]
+
+
+def plot_posttraining(sft_metrics: Path, align_metrics: Path, out_dir: Path) -> dict[str, Path]:
+    """sft_loss.png (train and held-out loss by step) and align.png (reward and KL, or DPO's loss and margin)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written: dict[str, Path] = {}
+    train, evals, _ = read_metrics(sft_metrics)
+    if train:
+        fig, ax = plt.subplots(figsize=(7, 3.5))
+        ax.plot(*series(train, "step", "loss"), label="train", linewidth=1)
+        vx, vy = series(evals, "step", "val_loss")
+        if vx:
+            ax.plot(vx, vy, "o-", label="held out", markersize=3)
+        ax.set(xlabel="step", ylabel="loss (nats/token)", title="SFT loss")
+        ax.grid(alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(out_dir / "sft_loss.png", dpi=110)
+        plt.close(fig)
+        written["sft_loss"] = out_dir / "sft_loss.png"
+    train, _, _ = read_metrics(align_metrics)
+    keys = [k for k in ("reward", "kl", "margin", "loss") if any(k in r for r in train)][:2]
+    if train and keys:
+        fig, axes = plt.subplots(1, len(keys), figsize=(7, 3))
+        for ax, key in zip(axes if len(keys) > 1 else [axes], keys):
+            ax.plot(*series(train, "step", key), linewidth=1)
+            ax.set(xlabel="step", title=key)
+            ax.grid(alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(out_dir / "align.png", dpi=110)
+        plt.close(fig)
+        written["align"] = out_dir / "align.png"
+    return written
+
+
+def posttraining_section(plots: dict[str, Path], root: Path) -> list[str]:
+    out = ["## Fine-tuning and alignment", ""]
+    for name, caption in (("sft_loss", "SFT loss"), ("align", "Alignment: reward and KL to the SFT model by step")):
+        if name in plots:
+            out += [f"{caption}:", "", f"![{name}]({plots[name].relative_to(root).as_posix()})", ""]
+    return out if len(out) > 2 else []
+
+
+def conversations_section(rows: dict[str, dict]) -> list[str]:
+    before, after = rows.get("sft"), rows.get("aligned")
+    if not before:
+        return []
+    out = ["## Conversations before and after alignment", "",
+           "Greedy replies to held-out conversations" + (", from the SFT model and then the aligned model." if after
+                                                          else ", from the SFT model."), ""]
+    after_replies = {c["prompt"]: c["reply"] for c in (after or {}).get("conversations", [])}
+    for conv in before.get("conversations", []):
+        out += [f"**{conv['domain']}**: {conv['prompt'].strip()[:300]}", "", "SFT:", "```", conv["reply"].strip(), "```"]
+        if conv["prompt"] in after_replies:
+            out += ["Aligned:", "```", after_replies[conv["prompt"]].strip(), "```"]
+        out.append("")
+    return out
