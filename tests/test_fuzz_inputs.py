@@ -19,7 +19,8 @@ from groundup.config import load_config
 from groundup.data.readers import ReadStats, iter_records
 from groundup.errors import DataError, GroundupError
 
-SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+# derandomize: the suite must give one answer per commit; fuzz wider by hand with HYPOTHESIS_SEED.
+SETTINGS = settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                             HealthCheck.too_slow])
 json_leaf = st.one_of(st.none(), st.booleans(), st.integers(-10**6, 10**6), st.floats(allow_nan=False),
                       st.text(max_size=20))
@@ -79,7 +80,7 @@ def _is_good(line: bytes) -> bool:
 
 @SETTINGS
 @given(st.lists(st.one_of(st.text(max_size=20), st.none()), min_size=1, max_size=10),
-       st.lists(st.one_of(st.integers(), st.none()), min_size=1, max_size=10))
+       st.lists(st.one_of(st.integers(-2**63, 2**63 - 1), st.none()), min_size=1, max_size=10))
 def test_parquet_reader_keeps_every_string_text(texts, numbers):
     import pyarrow as pa
     import pyarrow.parquet as pq
