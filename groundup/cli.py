@@ -115,7 +115,12 @@ def main(argv: list[str] | None = None) -> int:
     run, add_arguments = _load(target)
     parser = argparse.ArgumentParser(prog=f"{prog} {' '.join(words)}", description=help_)
     add_arguments(parser)
-    args = parser.parse_args(argv[len(words):])
+    args, extra = parser.parse_known_args(argv[len(words):])
+    # argparse takes positionals in one run; `--out D k=v` after `k=v --quiet` is the same intent
+    if extra:
+        if not hasattr(args, "overrides") or any(a.startswith("-") or "=" not in a for a in extra):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.overrides = list(args.overrides or []) + extra
     try:
         result = run(args)
     except GroundupError as e:

@@ -85,3 +85,13 @@ def test_model_info_reads_a_toml_file(tmp_path, capsys):
     assert main(["model", "info", str(path)]) == 0
     out = capsys.readouterr().out
     assert "(MLA)" in out and "4.0x less than multi-head attention" in out
+
+
+def test_overrides_may_sit_on_both_sides_of_an_option(capsys):
+    assert main(["model", "info", "tiny", "n_layers=3", "--json", "d_model=96"]) == 0
+    split = json.loads(capsys.readouterr().out)
+    assert main(["model", "info", "tiny", "n_layers=3", "d_model=96", "--json"]) == 0
+    assert split == json.loads(capsys.readouterr().out)
+    with pytest.raises(SystemExit):
+        main(["model", "info", "tiny", "--json", "--no-such-flag"])
+    assert "unrecognized arguments: --no-such-flag" in capsys.readouterr().err
