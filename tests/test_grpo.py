@@ -77,6 +77,8 @@ def setup(tmp_path_factory):
     rows = [{"messages": [{"role": "user", "content": f"Say something about {w}."}], "answer": "1"}
             for w in ("kings", "queens", "the sea", "the moon", "bread", "wine", "swords", "roses")]
     (root / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    held = [{**r, "split": "heldout"} for r in rows[:3]] + rows[3:4]  # as `data sample --chat` marks them, or not
+    (root / "heldout.jsonl").write_text("".join(json.dumps(r) + "\n" for r in held))
     return root
 
 
@@ -111,8 +113,11 @@ def test_grpo_runs_logs_and_resumes_exactly(setup, tmp_path, monkeypatch):
 def test_grpo_with_lora_uses_the_base_as_reference(setup, tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(setup.parent))
     summary = grpo(_cfg(setup, "train.max_steps=2", "lora.rank=4", "grpo.beta=0.1", "grpo.loss_aggregation=token",
-                        "grpo.scale_rewards=false"), tmp_path / "run")
+                        "grpo.scale_rewards=false", f"grpo.eval_prompts={json.dumps([str(setup / 'heldout.jsonl')])}"),
+                   tmp_path / "run")
     assert summary["steps"] == 2
+    report = json.loads((tmp_path / "run" / "data_report.json").read_text())
+    assert report["heldout"] == 4  # every record of an eval file is held out
     assert (tmp_path / "run" / "checkpoints" / "step_0000002" / "adapter_model.safetensors").is_file()
 
 

@@ -87,7 +87,9 @@ def score_model(path: str | Path, *, tokens: str | Path, chats: dict[str, list],
     """The report card's row for the model at `path` (see the module docstring)."""
     from groundup.eval.harness import EvalSettings, evaluate as run_tasks
     from groundup.eval.perplexity import evaluate as perplexity
+    from groundup.errors import DataError
     from groundup.eval.tasks import resolve_tasks
+    from groundup.eval.tasks.data import wheel_root
     from groundup.infer.loading import load_for_inference
     from groundup.posttrain.chat_eval import chat_metrics, chat_replies, native_math_metrics
 
@@ -115,13 +117,17 @@ def score_model(path: str | Path, *, tokens: str | Path, chats: dict[str, list],
         row["native_exact_match_strict"] = native.get("exact_match_strict")
         row["native_exact_match_lenient"] = native.get("exact_match_lenient")
         lap("native_math")
-    tasks = resolve_tasks(cfg.mc_tasks)
-    mc = run_tasks(model, tok, tasks, EvalSettings(limit=scaled(cfg.mc_items, scale), bootstrap_iters=0),
-                   progress=False)
-    aggregate = mc["aggregate"] or {}
-    row["mc_centered"] = aggregate.get("value")
-    row["mc_tasks"] = {name: t["value"] for name, t in (aggregate.get("tasks") or {}).items()}
-    row["mc_items"] = scaled(cfg.mc_items, scale)
+    try:
+        wheel_root()
+    except DataError as e:  # `pip install -e .` without the eval wheel: the card says why the column is empty
+        row["mc_centered"], row["mc_note"] = None, str(e)
+    else:
+        mc = run_tasks(model, tok, resolve_tasks(cfg.mc_tasks),
+                       EvalSettings(limit=scaled(cfg.mc_items, scale), bootstrap_iters=0), progress=False)
+        aggregate = mc["aggregate"] or {}
+        row["mc_centered"] = aggregate.get("value")
+        row["mc_tasks"] = {name: t["value"] for name, t in (aggregate.get("tasks") or {}).items()}
+        row["mc_items"] = scaled(cfg.mc_items, scale)
     lap("multiple_choice")
     row["size_bytes"] = weights_bytes(model_dir)
     row["decode_tokens_per_s"] = decode_speed(model, tok, cfg.decode_tokens)

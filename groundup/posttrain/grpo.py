@@ -139,8 +139,8 @@ def grpo(cfg: GRPOConfig, out_dir: str | Path, resume: bool = False) -> dict:
         context = cfg.model.max_seq_len - g.max_new_tokens
         train, held, bad = read_prompts(g.prompts, tok, context)
         if g.eval_prompts:
-            held, _, bad2 = read_prompts(g.eval_prompts, tok, context)
-            bad += bad2
+            unmarked, marked, bad2 = read_prompts(g.eval_prompts, tok, context)
+            held, bad = unmarked + marked, bad + bad2  # every prompt of an eval file is held out, marked or not
         if bad:
             note(f"skipped {len(bad):,} prompt records: " + "; ".join(bad[:3]))
         if not cfg.train.max_steps:

@@ -58,7 +58,8 @@ def rft(cfg: RFTConfig, out_dir: str | Path) -> list[dict]:
         context = model.cfg.max_seq_len - r.max_new_tokens
         prompts, held, bad = read_prompts(r.prompts, tok, context)
         if r.eval_prompts:
-            held = read_prompts(r.eval_prompts, tok, context)[0]
+            unmarked, marked, _ = read_prompts(r.eval_prompts, tok, context)
+            held = unmarked + marked  # every prompt of an eval file is held out, marked split="heldout" or not
         held = held[: r.eval_count]
         samples = round_dir / "samples.jsonl"
         if not samples.is_file():

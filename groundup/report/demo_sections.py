@@ -40,9 +40,12 @@ def scorecard_section(rows: list[dict]) -> list[str]:
     notes = [f"Bits per byte: the validation split of each domain (lower is better). Exact match: greedy replies to "
              f"{first.get('math_problems', 0)} held-out arithmetic conversations (strict: the `Answer:` line; "
              "lenient: the last number). Ends turn: the share of held-out replies of every domain that end with "
-             "the end-of-turn token. MC: the chance-centred mean accuracy over "
-             f"{', '.join(first.get('mc_tasks', {}))} ({first.get('mc_items', 0)} items each; 0 is chance). "
-             "Decode: greedy tokens/s of one sequence on this machine."]
+             "the end-of-turn token. Decode: greedy tokens/s of one sequence on this machine."]
+    if first.get("mc_tasks"):
+        notes.append(f"MC: the chance-centred mean accuracy over {', '.join(first['mc_tasks'])} "
+                     f"({first.get('mc_items', 0)} items each; 0 is chance).")
+    if first.get("mc_note"):
+        notes.append(f"MC not measured: {first['mc_note']}.")
     if first.get("native_exact_match_strict") is not None:
         notes.append(f"The base model has never seen the chat template; asked in its pretraining format "
                      f"(`Question: ...\\nSolution:`) its exact match is {_pct(first['native_exact_match_strict'])} "
