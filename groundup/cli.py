@@ -9,8 +9,14 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 import traceback
+
+# Before torch loads OpenMP: idle OpenMP threads sleep instead of spinning, unless the user chose.
+# With as many threads as cores and another busy process, a spinning thread holds the core that the
+# thread it waits for needs: small matmuls ran 10-100x slower here (README: Threads).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from groundup.errors import GroundupError
 

@@ -13,7 +13,7 @@ import pytest
 
 from groundup.cli import main
 from groundup.config import from_dict
-from groundup.demo.budget import FIXED_SECONDS, MIN_STAGE_SECONDS, ROW_MARGIN, DemoBudget
+from groundup.demo.budget import DEFAULT_OVERHEAD_S, FIXED_SECONDS, MIN_STAGE_SECONDS, ROW_MARGIN, DemoBudget
 from groundup.demo.config import DemoConfig
 
 MODEL = {"d_model": 64, "n_layers": 2, "n_heads": 4, "d_ff": 128, "max_seq_len": 128}
@@ -30,10 +30,10 @@ MICRO = ["limit_per_source=40", "math_count=300", "chat_math_count=300", "chunk_
          "scorecard.mc_items=8", "scorecard.max_new_tokens=40", "scorecard.bpb_batches=2", "scorecard.decode_tokens=8",
          # A 40-chunk slice holds one or two works: holding out whole works would leave no text on one side.
          'tokenize.split_group=""', 'tokenizer.holdout_group=""']
-STAGES = ["sample", "chat", "curate", "tokenizer", "tokenize", "pretrain", "export_base", "score_base", "samples",
+STAGES = ["sample", "chat", "curate", "tokenizer", "tokenize", "untrained", "score_untrained", "pretrain", "export_base", "score_base", "samples",
           "sft", "export_sft", "score_sft", "align", "export_aligned", "score_aligned", "quantize",
           "score_aligned-int8"]
-ROWS = ["base", "sft", "aligned", "aligned-int8"]
+ROWS = ["untrained", "base", "sft", "aligned", "aligned-int8"]
 
 
 @pytest.fixture(scope="module")
@@ -119,22 +119,26 @@ class FakeRunner:
 
 
 def test_the_budget_split_in_closed_form():
-    cfg = from_dict(DemoConfig, {"budget_minutes": 10})  # 600 s; shares 0.7 / 0.15 / 0.15, evaluation 0.12
-    data = {"sample": 10.0, "curate": 30.0}
-    budget = DemoBudget(cfg, FakeRunner(data))
-    reserve = 0.12 * 600 + FIXED_SECONDS["report"] + FIXED_SECONDS["quantize"]
-    plan = budget.plan("pretrain")
+    cfg = from_dict(DemoConfig, {"budget_minutes": 10})  # 600 s; shares 0.7 / 0.15 / 0.15
+    times = {"sample": 10.0, "curate": 22.0, "score_untrained": 8.0}
+    budget = DemoBudget(cfg, FakeRunner(times))
+    fixed = FIXED_SECONDS["report"] + FIXED_SECONDS["quantize"]
+    # Before pretraining: four rows at the untrained row's 8 s, three training stages' default overhead.
+    reserve = 4 * 8 * ROW_MARGIN + fixed + 3 * DEFAULT_OVERHEAD_S
+    plan = budget.plan("pretrain", row_seconds=8.0)
     assert plan.left == 560 and plan.reserved == pytest.approx(reserve, abs=0.1)
     assert plan.seconds == pytest.approx((560 - reserve) * 0.7, abs=0.1)
-    # After pretraining (400 s) and a measured 10 s row: three rows left at 10 s x ROW_MARGIN.
-    budget = DemoBudget(cfg, FakeRunner({**data, "pretrain": 400.0, "score_base": 10.0}))
+    # Pretraining took 12 s more than its limit, the base row 10 s: SFT and alignment are planned with both.
+    times.update({"pretrain": plan.seconds + 12.0, "score_base": 10.0})
     plan = budget.plan("sft", row_seconds=10.0, rows_done=1)
-    reserve = 3 * 10 * ROW_MARGIN + FIXED_SECONDS["report"] + FIXED_SECONDS["quantize"]
-    assert plan.seconds == pytest.approx((150 - reserve) * 0.5, abs=0.1)
+    reserve = 3 * 10 * ROW_MARGIN + fixed + 2 * 12.0
+    left = 600 - sum(times.values())
+    assert plan.left == pytest.approx(left, abs=0.1) and plan.reserved == pytest.approx(reserve, abs=0.1)
+    assert plan.seconds == pytest.approx((left - reserve) * 0.5, abs=0.1)
     # A spent budget still gives a stage its floor, never a negative limit.
     budget = DemoBudget(cfg, FakeRunner({"pretrain": 700.0}))
     assert budget.plan("align", row_seconds=10.0, rows_done=3).seconds == MIN_STAGE_SECONDS
     # until=pretrain: pretraining gets all the training time, and one row is reserved.
     short = from_dict(DemoConfig, {"budget_minutes": 10, "until": "pretrain"})
-    plan = DemoBudget(short, FakeRunner(data)).plan("pretrain")
-    assert plan.seconds == pytest.approx(560 - 0.12 * 600 - FIXED_SECONDS["report"], abs=0.1)
+    plan = DemoBudget(short, FakeRunner(times := {"sample": 10.0, "curate": 30.0})).plan("pretrain", row_seconds=8.0)
+    assert plan.seconds == pytest.approx(560 - 8 * ROW_MARGIN - FIXED_SECONDS["report"] - DEFAULT_OVERHEAD_S, abs=0.1)

@@ -73,6 +73,19 @@ def test_should_stop_leaves_room_for_the_last_evaluation_and_checkpoint(monkeypa
     assert not tb.TimeBudget(0.0, 0.0, 0).should_stop(True)  # no limit
 
 
+def test_a_limit_spent_during_the_warm_up_stops_on_the_warm_up_steps(monkeypatch):
+    clock = Clock(0.0)
+    monkeypatch.setattr(tb.time, "time", clock)
+    budget = tb.TimeBudget(10.0, began=0.0, start_step=0)
+    assert not budget.should_stop(eval_at_end=False)  # nothing measured: the first step always runs
+    clock.now = 4.0
+    budget.step_done(1, 4.0)  # a warm-up step: not a steady step time, but all there is
+    assert not budget.steps and budget.should_stop(eval_at_end=False)  # 4 + 2 x 4 > 10
+    budget = tb.TimeBudget(100.0, began=0.0, start_step=0)
+    budget.step_done(1, 4.0)
+    assert not budget.should_stop(eval_at_end=False)  # plenty of time: the warm-up goes on
+
+
 @pytest.mark.parametrize("kind,step,new,allowed", [
     ("wsd", 70, 90, True),     # before the decay of either length (decay starts at 80 and 72)
     ("wsd", 75, 90, False),    # inside the decay of the shorter length

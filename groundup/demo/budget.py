@@ -1,9 +1,12 @@
 """How the demo's budget becomes each training stage's `train.time_limit_s`, from what came before.
 
     budget minutes
-      - what the data stages took (measured)
-      - the report-card rows still to come: a share of the budget until the first row is measured,
-        then that row's measured time per row still to come
+      - what the stages so far took (measured)
+      - the report-card rows still to come, each costing the dearest row measured so far (the untrained
+        model's row is scored before pretraining for that: its replies always run to the token limit)
+      - each training stage still to come, this one included, costs its limit plus what a training
+        stage took beyond its limit so far (start-up, data preparation, the final evaluation and
+        checkpoint; DEFAULT_OVERHEAD_S before any was measured)
       - quantization and the report (small, fixed)
       = training time, split pretrain : sft : align by DemoConfig.shares
 
@@ -20,6 +23,7 @@ from dataclasses import dataclass
 ROW_MARGIN = 1.1  # a later row may take a little longer than the first (longer replies, a slower kernel)
 FIXED_SECONDS = {"quantize": 3.0, "report": 4.0}
 MIN_STAGE_SECONDS = 2.0  # a stage always gets a few steps, even in a budget that is already spent
+DEFAULT_OVERHEAD_S = 5.0  # a training verb's start-up and final evaluation before one was measured
 
 
 @dataclass
@@ -33,6 +37,7 @@ class DemoBudget:
     def __init__(self, cfg, runner):
         self.cfg, self.runner = cfg, runner
         self.total = cfg.budget_minutes * 60
+        self.limits: dict[str, float] = {}  # the limit each training stage was given
 
     def left(self) -> float:
         """The budget less the recorded time of the stages so far (see the module docstring)."""
@@ -53,11 +58,18 @@ class DemoBudget:
         fixed = FIXED_SECONDS["report"] + (0.0 if self.cfg.until else FIXED_SECONDS["quantize"])
         return rows + fixed
 
+    def overhead(self) -> float:
+        """Seconds a training stage takes beyond its limit: the most any finished one took."""
+        times = self.runner.times()
+        seen = [times[s] - limit for s, limit in self.limits.items() if s in times]
+        return max(0.0, *seen) if seen else DEFAULT_OVERHEAD_S
+
     def plan(self, stage: str, row_seconds: float | None = None, rows_done: int = 0) -> StagePlan:
-        """The time limit of training stage `stage`; `row_seconds`: the first report-card row's measured time."""
+        """The time limit of training stage `stage`; `row_seconds`: the dearest report-card row measured."""
         stages = self._stages()
         shares = {s: getattr(self.cfg.shares, s) for s in stages[stages.index(stage):]}
         left = self.left()
-        reserved = self._reserve(row_seconds, rows_done)
-        seconds = (left - reserved) * shares[stage] / sum(shares.values())
-        return StagePlan(round(max(MIN_STAGE_SECONDS, seconds), 1), round(left, 1), round(reserved, 1))
+        reserved = self._reserve(row_seconds, rows_done) + self.overhead() * len(shares)
+        seconds = round(max(MIN_STAGE_SECONDS, (left - reserved) * shares[stage] / sum(shares.values())), 1)
+        self.limits[stage] = seconds
+        return StagePlan(seconds, round(left, 1), round(reserved, 1))

@@ -86,7 +86,8 @@ def _grpo() -> GRPOConfig:
         "train": {"batch_size": 4, "seq_len": 128, "max_steps": 400, "threads": -1},
         "schedule": {"kind": "constant", "peak_lr": 2e-5, "warmup_steps": 0},
         "grpo": {"rewards": ["exact_match"], "group_size": 8, "prompts_per_batch": 8, "max_new_tokens": 48,
-                 "temperature": 1.0, "eval_count": 64},
+                 "temperature": 1.0, "eval_count": 64,
+                 "max_resample": 2},  # a step that draws 8 batches of samples overruns a short budget
         "eval": {"max_batches": 4, "every": 100},
         "checkpoint": {"every": 200},
         "log": {"every": 5},

@@ -45,12 +45,14 @@ class PostStages:
             chat = self.out / "chat"
             found = {d: list(iter_examples([chat / f"chat-{d}.heldout.jsonl"], ReadStats(), []))
                      for d in CHAT_DOMAINS if (chat / f"chat-{d}.heldout.jsonl").is_file()}
-            base = self.out / "models" / "base"
-            self._chats = pick_chats(found, self.cfg.scorecard, self.scale, load_tokenizer(base / "tokenizer"),
-                                     load_model_config(base).max_seq_len)
+            first = self.out / "models" / "untrained"  # every model of the demo has its tokenizer and context
+            self._chats = pick_chats(found, self.cfg.scorecard, self.scale, load_tokenizer(first / "tokenizer"),
+                                     load_model_config(first).max_seq_len)
         return self._chats
 
-    def score(self, name: str, model: Path, native_math: bool = False) -> dict:
+    def score(self, name: str, model: Path, native_math: bool = False, counted: bool = True) -> dict:
+        """The report-card row of `model`; `counted`: one of the rows the budget plans for (the untrained
+        model's row is scored before any plan, to measure what a row costs here)."""
         path = self.out / "scorecard" / f"{name}.json"
 
         def row() -> dict:
@@ -62,9 +64,9 @@ class PostStages:
 
         result = self.runner.run(f"score_{name}", f"Report card: the {name} model", [to_toml(self.cfg.scorecard),
                                  self.scale], [path], row)
-        self.rows_done += 1
-        if self.row_seconds is None:
-            self.row_seconds = float(self.runner.state[f"score_{name}"]["seconds"])
+        self.rows_done += counted
+        # The dearest row so far stands for the rows to come: later models write longer replies.
+        self.row_seconds = max(self.row_seconds or 0.0, float(self.runner.state[f"score_{name}"]["seconds"]))
         self.last_model = model
         return result
 

@@ -97,14 +97,17 @@ class Demo:
     def run(self) -> Path:
         c, o = self.cfg, self.out
         self.data_stages()
-        plan = self.budget.plan("pretrain")
+        post = PostStages(self)
+        self.runner.run("untrained", "Untrained model -> OUT/models/untrained", to_toml(c.pretrain.model),
+                        [o / "models" / "untrained"], self._untrained)
+        post.score("untrained", o / "models" / "untrained", counted=False)
+        plan = self.budget.plan("pretrain", post.row_seconds)
         self.planned("pretrain", plan)
         pretrain_file = self._pretrain_file()
         self.runner.run("pretrain", f"Pretrain for {plan.seconds:.0f} s", [to_toml(c.pretrain), plan.seconds],
                         [o / "run"], lambda: self._pretrain(pretrain_file, plan.seconds))
         self.runner.run("export_base", "Base model -> OUT/models/base", [], [o / "models" / "base"],
                         lambda: str(self.export(o / "run", "base")))
-        post = PostStages(self)
         post.score("base", o / "models" / "base", native_math=True)
         self.runner.run("samples", "Generate samples", to_toml(c.samples), [o / "samples.json"], self._samples)
         if c.until != "pretrain":
@@ -145,6 +148,33 @@ class Demo:
         cfg.data.shards = str(self.out / "tokens")
         cfg.data.tokenizer = str(self.out / "tokenizer")
         return self.config_file("pretrain", cfg)
+
+    def _untrained(self) -> str:
+        """The pretraining model at its initialisation: the report card's reference row, and scoring it
+        measures what a row costs on this machine now, before the pretraining time is planned."""
+        import dataclasses
+
+        import torch
+
+        from groundup.layout import TOKENIZER_DIR
+        from groundup.model import Transformer
+        from groundup.model.io import save_model
+        from groundup.tokenizer import load_tokenizer
+
+        c = self.cfg.pretrain
+        config = c.model
+        if c.data.match_vocab:
+            config = dataclasses.replace(config, vocab_size=load_tokenizer(self.out / "tokenizer").vocab_size)
+        torch.manual_seed(c.train.seed)
+        dest = self.out / "models" / "untrained"
+        tmp = dest.with_name(".untrained.tmp")
+        for path in (tmp, dest):
+            if path.exists():
+                shutil.rmtree(path)
+        save_model(Transformer(config), tmp)
+        shutil.copytree(self.out / "tokenizer", tmp / TOKENIZER_DIR)
+        tmp.rename(dest)
+        return str(dest)
 
     def _pretrain(self, config: Path, seconds: float) -> dict:
         run = self.out / "run"

@@ -13,7 +13,7 @@ from pathlib import Path
 from groundup.report.plots import series, read_metrics
 from groundup.report.sections import markdown_table
 
-ROW_ORDER = ["base", "sft", "aligned", "aligned-int8"]
+ROW_ORDER = ["untrained", "base", "sft", "aligned", "aligned-int8"]
 
 
 def _pct(value) -> str:
@@ -46,10 +46,13 @@ def scorecard_section(rows: list[dict]) -> list[str]:
                      f"({first.get('mc_items', 0)} items each; 0 is chance).")
     if first.get("mc_note"):
         notes.append(f"MC not measured: {first['mc_note']}.")
-    if first.get("native_exact_match_strict") is not None:
+    notes.append("The untrained model (the pretraining model at its initialisation) is the reference for "
+                 "chance; it is scored first, which also measures what a row costs before the budget is split.")
+    base = next((r for r in rows if r.get("native_exact_match_strict") is not None), None)
+    if base is not None:
         notes.append(f"The base model has never seen the chat template; asked in its pretraining format "
-                     f"(`Question: ...\\nSolution:`) its exact match is {_pct(first['native_exact_match_strict'])} "
-                     f"strict, {_pct(first.get('native_exact_match_lenient'))} lenient.")
+                     f"(`Question: ...\\nSolution:`) its exact match is {_pct(base['native_exact_match_strict'])} "
+                     f"strict, {_pct(base.get('native_exact_match_lenient'))} lenient.")
     return out + [" ".join(notes), ""]
 
 

@@ -41,6 +41,7 @@ class TimeBudget:
         self.deadline = began + limit_s
         self.start_step = start_step
         self.steps: deque[float] = deque(maxlen=WINDOW)
+        self.last_step_s: float | None = None  # any step's, warm-up included
         self.eval_s: float | None = None  # the last evaluation's seconds
         self.checkpoint_s: float | None = None
         self.plans = 0
@@ -53,6 +54,7 @@ class TimeBudget:
     # --------------------------------------------------------------- measurements
 
     def step_done(self, step: int, seconds: float) -> None:
+        self.last_step_s = seconds
         if step > self.start_step + WARMUP_STEPS:
             self.steps.append(seconds)
             self.steps_since_plan += 1
@@ -75,9 +77,11 @@ class TimeBudget:
     def should_stop(self, eval_at_end: bool) -> bool:
         """Asked before a step: True when the step after it would not fit before the final evaluation
         and checkpoint (the loop stops once this step is done)."""
-        if not self.enabled or not self.steps:
+        if not self.enabled or self.last_step_s is None:
             return False
-        return time.time() + 2 * self.step_time() + self.final_cost(eval_at_end) > self.deadline
+        # During the warm-up only its (slower) steps are known: in a limit that tight, erring early is right.
+        step_s = self.step_time() if self.steps else self.last_step_s
+        return time.time() + 2 * step_s + self.final_cost(eval_at_end) > self.deadline
 
     def plan(self, cfg, step: int) -> tuple[int, int, int]:
         """(max_steps, eval.every, checkpoint.every) that end the run at the deadline from `step`."""
