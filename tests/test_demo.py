@@ -29,7 +29,8 @@ MICRO = ["limit_per_source=40", "math_count=300", "chat_math_count=300", "chunk_
          "scorecard.math_problems=8", "scorecard.chats_per_domain=2", "scorecard.mc_tasks=arc_easy",
          "scorecard.mc_items=8", "scorecard.max_new_tokens=40", "scorecard.bpb_batches=2", "scorecard.decode_tokens=8",
          # A 40-chunk slice holds one or two works: holding out whole works would leave no text on one side.
-         'tokenize.split_group=""', 'tokenizer.holdout_group=""']
+         'tokenize.split_group=""', 'tokenizer.holdout_group=""',
+         "skip_spent_stages=false"]  # the budget is spent at once: run every stage for its floor anyway
 STAGES = ["sample", "chat", "curate", "tokenizer", "tokenize", "untrained", "score_untrained", "pretrain", "export_base", "score_base", "samples",
           "sft", "export_sft", "score_sft", "align", "export_aligned", "score_aligned", "quantize",
           "score_aligned-int8"]
@@ -101,6 +102,17 @@ def test_a_second_run_reuses_finished_stages(demo_dir, capsys):
     assert main(["demo", "--out", str(demo_dir), "--budget-minutes", "0.05", *MICRO]) == 0
     err = capsys.readouterr().err
     assert err.count("reusing finished stage") == len(STAGES)
+    # The lines it ends with are commands that parse: the served model is the quantized one.
+    import argparse
+    import shlex
+
+    from groundup.serve.commands import serve_arguments
+
+    serve = shlex.split(err.split("Serve it:")[1].splitlines()[0])
+    assert serve[:2] == ["groundup", "serve"]
+    parser = argparse.ArgumentParser()
+    serve_arguments(parser)
+    assert parser.parse_args(serve[2:]).checkpoint == str(demo_dir / "models" / "aligned-int8")
 
 
 def test_the_demo_models_work_with_generate(demo_dir, capsys):
@@ -137,8 +149,27 @@ def test_the_budget_split_in_closed_form():
     assert plan.seconds == pytest.approx((left - reserve) * 0.5, abs=0.1)
     # A spent budget still gives a stage its floor, never a negative limit.
     budget = DemoBudget(cfg, FakeRunner({"pretrain": 700.0}))
-    assert budget.plan("align", row_seconds=10.0, rows_done=3).seconds == MIN_STAGE_SECONDS
+    spent = budget.plan("align", row_seconds=10.0, rows_done=3)
+    assert spent.seconds == MIN_STAGE_SECONDS and spent.spent and not plan.spent
     # until=pretrain: pretraining gets all the training time, and one row is reserved.
     short = from_dict(DemoConfig, {"budget_minutes": 10, "until": "pretrain"})
     plan = DemoBudget(short, FakeRunner(times := {"sample": 10.0, "curate": 30.0})).plan("pretrain", row_seconds=8.0)
     assert plan.seconds == pytest.approx(560 - 8 * ROW_MARGIN - FIXED_SECONDS["report"] - DEFAULT_OVERHEAD_S, abs=0.1)
+
+
+def test_a_spent_budget_skips_sft_and_alignment_instead_of_overrunning(demo_dir, tmp_path):
+    import shutil
+
+    from safetensors.torch import load_file
+
+    out = tmp_path / "demo"
+    shutil.copytree(demo_dir, out)  # the data stages, pretraining and its rows are reused
+    assert main(["demo", "--out", str(out), "--budget-minutes", "0.05", *MICRO, "skip_spent_stages=true"]) == 0
+    for name, previous in (("sft", "base"), ("aligned", "sft")):
+        assert row(out, name)["skipped"].startswith("skipped: ")
+        mine, theirs = (load_file(out / "models" / n / "model.safetensors") for n in (name, previous))
+        assert all(mine[k].equal(theirs[k]) for k in theirs)
+    stages = json.loads((out / "stages.json").read_text())
+    assert stages["sft"]["seconds"] < 1 and stages["score_sft"]["seconds"] < 1
+    report = (out / "report.md").read_text()
+    assert "**sft** (skipped: the previous model)" in report and "**aligned-int8**" in report

@@ -31,6 +31,7 @@ class StagePlan:
     seconds: float  # the stage's time limit
     left: float  # budget left when it started
     reserved: float  # kept for what follows the training stages
+    spent: bool = False  # nothing was left for it: it would only overrun the budget (see PostStages.skip)
 
 
 class DemoBudget:
@@ -70,6 +71,7 @@ class DemoBudget:
         shares = {s: getattr(self.cfg.shares, s) for s in stages[stages.index(stage):]}
         left = self.left()
         reserved = self._reserve(row_seconds, rows_done) + self.overhead() * len(shares)
-        seconds = round(max(MIN_STAGE_SECONDS, (left - reserved) * shares[stage] / sum(shares.values())), 1)
+        wanted = (left - reserved) * shares[stage] / sum(shares.values())
+        seconds = round(max(MIN_STAGE_SECONDS, wanted), 1)
         self.limits[stage] = seconds
-        return StagePlan(seconds, round(left, 1), round(reserved, 1))
+        return StagePlan(seconds, round(left, 1), round(reserved, 1), spent=wanted < MIN_STAGE_SECONDS)

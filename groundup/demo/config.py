@@ -149,6 +149,9 @@ class DemoConfig:
     limit_per_source: int = 0  # keep at most this many records per source (0: all; tests use a few)
     align: Literal["grpo", "dpo"] = "grpo"  # docs/demo-recipe.md: the one that gained more per minute here
     until: Literal["", "pretrain", "sft", "align"] = ""  # stop after this stage (and its report-card row)
+    # SFT or alignment with no budget left is skipped (its model and row are the previous stage's, marked
+    # skipped) rather than overrunning the budget; false: run it for MIN_STAGE_SECONDS anyway.
+    skip_spent_stages: bool = True
     shares: BudgetShares = field(default_factory=BudgetShares)
     curate: CurateConfig = field(default_factory=_curate)
     # The tokenizer holds out the same documents (same fraction and seed) that become the

@@ -84,9 +84,40 @@ class PostStages:
         if run.exists():  # the demo's own output of an interrupted or changed stage
             shutil.rmtree(run)
 
+    def skipped(self, stage: str, plan, name: str, previous: str) -> bool:
+        """When the budget left nothing for `stage`: OUT/models/NAME is a copy of the previous model and its
+        row the previous row, both marked skipped, in a moment instead of an overrun."""
+        if not (plan.spent and self.cfg.skip_spent_stages):
+            return False
+        o = self.out
+        reason = (f"skipped: {plan.left:.0f} s of the budget left and {plan.reserved:.0f} s needed by what "
+                  f"follows")
+
+        def copy() -> dict:
+            dest = o / "models" / name
+            self._fresh(dest)
+            shutil.copytree(o / "models" / previous, dest)
+            return {"skipped": reason}
+
+        self.runner.run(stage, f"{stage}: {reason}", [plan.left, plan.reserved], [o / "models" / name], copy)
+        path = o / "scorecard" / f"{name}.json"
+
+        def row() -> dict:
+            found = read_json(o / "scorecard" / f"{previous}.json")
+            atomic_write_json(path, {**found, "name": name, "model": str(o / "models" / name), "skipped": reason})
+            return {"seconds": 0.0}
+
+        self.runner.run(f"score_{name}", f"Report card: the {name} model (the {previous} model's row)", [reason],
+                        [path], row)
+        self.rows_done += 1
+        self.last_model = o / "models" / name
+        return True
+
     def sft(self) -> None:
         c, o = self.cfg, self.out
         plan = self._plan("sft")
+        if self.skipped("sft", plan, "sft", "base"):
+            return
         cfg = c.sft
         cfg.base = str(o / "models" / "base")
         cfg.data.shards = str(o / "tokens")
@@ -110,6 +141,8 @@ class PostStages:
     def align(self) -> None:
         c, o = self.cfg, self.out
         plan = self._plan("align")
+        if self.skipped("align", plan, "aligned", "sft"):
+            return
         if c.align == "grpo":
             cfg = c.grpo
             cfg.base = str(o / "models" / "sft")

@@ -220,7 +220,7 @@ class Demo:
         print(f"\n{path} written; stages took {total / 60:.1f} min of the {self.cfg.budget_minutes:g}-minute budget "
               f"({self.runner.elapsed() / 60:.1f} min in this run).\n"
               f"Chat with it: groundup chat --checkpoint {served}\n"
-              f"Serve it:     groundup serve --model {served} --port 8000", file=sys.stderr)
+              f"Serve it:     groundup serve --checkpoint {served} --port 8000", file=sys.stderr)
         return path
 
 

@@ -29,7 +29,8 @@ def scorecard_section(rows: list[dict]) -> list[str]:
     domains = sorted({d for r in rows for d in r.get("bpb", {})})
     table = []
     for r in rows:
-        table.append([f"**{r['name']}**", *[_f(r.get("bpb", {}).get(d)) for d in domains],
+        name = f"**{r['name']}**" + (" (skipped: the previous model)" if r.get("skipped") else "")
+        table.append([name, *[_f(r.get("bpb", {}).get(d)) for d in domains],
                       _pct(r.get("exact_match_strict")), _pct(r.get("exact_match_lenient")), _pct(r.get("end_turn")),
                       _f(r.get("mc_centered")), f"{r.get('size_bytes', 0) / 1e6:.2f}",
                       f"{r.get('decode_tokens_per_s', 0):,.0f}"])
@@ -44,6 +45,7 @@ def scorecard_section(rows: list[dict]) -> list[str]:
     if first.get("mc_tasks"):
         notes.append(f"MC: the chance-centred mean accuracy over {', '.join(first['mc_tasks'])} "
                      f"({first.get('mc_items', 0)} items each; 0 is chance).")
+    notes += [f"{r['name']}: {r['skipped']}." for r in rows if r.get("skipped")]
     if first.get("mc_note"):
         notes.append(f"MC not measured: {first['mc_note']}.")
     notes.append("The untrained model (the pretraining model at its initialisation) is the reference for "
@@ -68,9 +70,11 @@ def budget_section(budget: dict, stages: dict) -> list[str]:
     out = ["## Time budget", "",
            f"{used:.0f} s of the {total:.0f} s budget used ({100 * used / total:.0f}%)." if total else "", ""]
     if rows:
-        out += ["Each training stage's time limit was set when it started: the budget left, less what the "
-                "report-card rows, quantization and the report still need (measured once the first row ran), "
-                "split by the shares in the demo's config (docs/demo-recipe.md says how they were chosen).", ""]
+        out += ["Each training stage's time limit was set when it started: the budget left, less what is "
+                "still to come (the report-card rows at the dearest row measured so far, the untrained model's "
+                "row standing in before pretraining; each later training stage's start-up and final evaluation "
+                "as measured on the stages before; quantization and the report), split by the shares in the "
+                "demo's config (docs/demo-recipe.md says how they were chosen).", ""]
         out += markdown_table(["training stage", "limit (s)", "took (s)", "budget left at start (s)", "kept for later (s)"], rows)
     return out
 
