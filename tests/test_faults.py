@@ -64,7 +64,8 @@ def test_data_sample_refuses_to_replace_files(tmp_path):
 
 
 def test_one_writer_per_run_directory(tmp_path, shards):
-    cfg = write_config(tmp_path / "c.toml", tiny_config(shards, "train.max_steps=400", "checkpoint.every=1000",
+    # Far more steps than the checks take (the first writer is killed at the end): it must still be running.
+    cfg = write_config(tmp_path / "c.toml", tiny_config(shards, "train.max_steps=1000000", "checkpoint.every=1000000",
                                                          "eval.at_end=false"))
     run = tmp_path / "run"
     first = subprocess.Popen(groundup_cmd("train", "--config", str(cfg), "--out", str(run), "--quiet"), env=env(),

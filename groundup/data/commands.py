@@ -11,9 +11,21 @@ def curate_arguments(p: argparse.ArgumentParser) -> None:
                    help=".txt/.md/.jsonl(.gz/.zst)/.parquet files or directories (source code by extension)")
     p.add_argument("--out", required=True, type=Path, help="output directory: shards/, report.json, report.md")
     p.add_argument("--config", type=Path, default=None, help="TOML file over the defaults (see CurateConfig)")
-    p.add_argument("--workers", type=int, default=None, help="processes curating shards in parallel (workers=)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="processes curating shards in parallel (workers=; --executor local)")
+    executor_arguments(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("overrides", nargs="*", metavar="section.key=value", help="settings over the config file")
+
+
+def executor_arguments(p: argparse.ArgumentParser) -> None:
+    """--executor and --address, shared by `data curate` and `data tokenize`."""
+    p.add_argument("--executor", choices=("local", "ray"), default="local",
+                   help="local: processes on this machine; ray: one Ray task per input file, on a cluster "
+                        "(needs groundup[ray]; every node must see --input and --out at the same paths)")
+    p.add_argument("--address", default=None, metavar="ADDRESS",
+                   help="with --executor ray: the cluster, as auto, HOST:PORT or ray://HOST:PORT "
+                        "(default: a Ray instance started on this machine for the run)")
 
 
 def curate(args: argparse.Namespace) -> None:
@@ -25,7 +37,7 @@ def curate(args: argparse.Namespace) -> None:
     inputs, moved = inputs_and_overrides(args.input)
     overrides = moved + list(args.overrides) + ([f"workers={args.workers}"] if args.workers is not None else [])
     cfg = load_config(CurateConfig, args.config, overrides)
-    report = run(inputs, args.out, cfg, progress=not args.no_progress)
+    report = run(inputs, args.out, cfg, progress=not args.no_progress, executor=args.executor, address=args.address)
     t, tm = report["totals"], report["timing"]
     print(f"{t['docs_in']:,} documents ({t['bytes_in'] / 1e6:.1f} MB) in, {t['docs_kept']:,} kept, "
           f"{t['docs_out']:,} ({t['bytes_out'] / 1e6:.1f} MB) written in {tm['total_s']:.1f} s")

@@ -10,13 +10,20 @@ document is the only array that grows with the corpus).
 
 The document kept from each exact group or near-duplicate cluster is the first in input order,
 so a rerun keeps the same ones.
+
+The work comes in independent pieces, which `--executor ray` runs as tasks (data/ray_dedup.py)
+and `deduplicate` here runs one after the other: exact duplicates per key bucket
+(`exact_duplicates_in_bucket`), then the groups sharing a band key per band and key bucket
+(`band_groups_in_bucket`, datatrove's MinhashDedupBuckets), then one union-find over all groups
+(`cluster`, its MinhashDedupCluster). Clusters do not depend on the order groups are joined in:
+a cluster's root is always its smallest member.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -66,23 +73,24 @@ def _runs(keys: np.ndarray, ids: np.ndarray) -> Iterator[np.ndarray]:
         yield ids[s:e]
 
 
-def _bucketed_groups(files: Sequence[Path], offsets: np.ndarray, column: int | None, alive: np.ndarray,
-                     buckets: int) -> Iterator[np.ndarray]:
-    """Equal-key groups of global document numbers over all shards, one key bucket at a time."""
+def bucket_groups(files: Sequence[Path], offsets: np.ndarray, column: int | None, alive: np.ndarray,
+                  bucket: int, buckets: int) -> Iterator[np.ndarray]:
+    """Groups of global document numbers (two or more, in increasing order) whose keys are equal,
+    over all shards, for the keys of one bucket (the top bits of the key pick it). `column` is a
+    band (the band-key files are documents x bands) or None (the exact-hash files)."""
     shift = np.uint64(64 - max(1, (buckets - 1).bit_length()))
-    for bucket in range(buckets):
-        key_parts, id_parts = [], []
-        for shard, path in enumerate(files):
-            keys = np.load(path, mmap_mode="r")
-            keys = keys if column is None else keys[:, column]
-            ids = np.arange(offsets[shard], offsets[shard + 1])
-            keep = alive[ids] & (np.asarray(keys) != NO_KEY)
-            if buckets > 1:
-                keep &= (np.asarray(keys) >> shift) == np.uint64(bucket)
-            key_parts.append(np.asarray(keys)[keep])
-            id_parts.append(ids[keep])
-        if key_parts:
-            yield from _runs(np.concatenate(key_parts), np.concatenate(id_parts))
+    key_parts, id_parts = [], []
+    for shard, path in enumerate(files):
+        keys = np.load(path, mmap_mode="r")
+        keys = np.asarray(keys if column is None else keys[:, column])
+        ids = np.arange(offsets[shard], offsets[shard + 1])
+        keep = np.asarray(alive[ids]) & (keys != NO_KEY)
+        if buckets > 1:
+            keep &= (keys >> shift) == np.uint64(bucket)
+        key_parts.append(keys[keep])
+        id_parts.append(ids[keep])
+    if key_parts:
+        yield from _runs(np.concatenate(key_parts), np.concatenate(id_parts))
 
 
 @dataclass
@@ -99,36 +107,78 @@ def buckets_for(n_docs: int, memory_mb: int) -> int:
     return max(1, -(-need // (memory_mb << 20)))
 
 
+def exact_duplicates_in_bucket(exact_files: Sequence[Path], offsets: np.ndarray, alive: np.ndarray, bucket: int,
+                               buckets: int) -> tuple[np.ndarray, int]:
+    """The documents of one key bucket whose text an earlier document has, and how many groups of
+    equal texts the bucket holds."""
+    duplicates, groups = [], 0
+    for members in bucket_groups(exact_files, offsets, None, alive, bucket, buckets):
+        duplicates.append(members[1:])  # members are in increasing order: the first is kept
+        groups += 1
+    return (np.concatenate(duplicates) if duplicates else np.zeros(0, dtype=np.int64)), groups
+
+
+def band_groups_in_bucket(band_files: Sequence[Path], offsets: np.ndarray, live: np.ndarray, band: int, bucket: int,
+                          buckets: int) -> tuple[np.ndarray, np.ndarray]:
+    """The documents sharing a key of `band` within one key bucket, as (members of every group
+    concatenated, each group's size): what the clustering joins."""
+    groups = list(bucket_groups(band_files, offsets, band, live, bucket, buckets))
+    members = np.concatenate(groups) if groups else np.zeros(0, dtype=np.int64)
+    return members, np.array([len(g) for g in groups], dtype=np.int64)
+
+
+def cluster(n: int, groups: Iterable[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Union-find over `groups` of document numbers: the near-duplicate mark of every document (all
+    members of a cluster but its first) and the clusters (first member first, largest first)."""
+    uf = UnionFind(n)
+    for members in groups:
+        uf.union_all(members)
+    roots = uf.roots()
+    clustered = np.flatnonzero(roots != np.arange(n))
+    near_dup = np.zeros(n, dtype=bool)
+    near_dup[clustered] = True  # every member but the root, which is the smallest number
+    clusters: list[np.ndarray] = []
+    if clustered.size:
+        order = np.argsort(roots[clustered], kind="stable")
+        members, cluster_roots = clustered[order], roots[clustered][order]
+        split = np.flatnonzero(cluster_roots[1:] != cluster_roots[:-1]) + 1
+        for root, rest in zip(cluster_roots[np.concatenate(([0], split))], np.split(members, split)):
+            clusters.append(np.concatenate(([root], rest)))
+        clusters.sort(key=lambda c: (-len(c), int(c[0])))
+    return near_dup, clusters
+
+
 def deduplicate(exact_files: Sequence[Path], band_files: Sequence[Path], counts: Sequence[int],
                 alive: np.ndarray, near_eligible: np.ndarray, exact: bool, near: bool, bands: int,
                 memory_mb: int) -> DedupResult:
     """`alive` marks documents still in the running (not removed by an earlier stage);
-    `near_eligible` those whose domain takes part in near-duplicate removal."""
-    offsets = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+    `near_eligible` those whose domain takes part in near-duplicate removal.
+
+    The same stages that `--executor ray` runs as tasks (data/ray_dedup.py), one after the other."""
+    offsets = shard_offsets(counts)
     n = int(offsets[-1])
     buckets = buckets_for(n, memory_mb)
     exact_dup = np.zeros(n, dtype=bool)
     groups = 0
     if exact:
-        for members in _bucketed_groups(exact_files, offsets, None, alive, buckets):
-            exact_dup[members[members != members.min()]] = True
-            groups += 1
+        for bucket in range(buckets):
+            duplicates, found = exact_duplicates_in_bucket(exact_files, offsets, alive, bucket, buckets)
+            exact_dup[duplicates] = True
+            groups += found
     near_dup = np.zeros(n, dtype=bool)
     clusters: list[np.ndarray] = []
     if near:
-        uf = UnionFind(n)
-        live = alive & near_eligible & ~exact_dup
-        for band in range(bands):
-            for members in _bucketed_groups(band_files, offsets, band, live, buckets):
-                uf.union_all(members)
-        roots = uf.roots()
-        clustered = np.flatnonzero(roots != np.arange(n))
-        near_dup[clustered] = True  # every member but the root, which is the smallest number
-        if clustered.size:
-            order = np.argsort(roots[clustered], kind="stable")
-            members, cluster_roots = clustered[order], roots[clustered][order]
-            split = np.flatnonzero(cluster_roots[1:] != cluster_roots[:-1]) + 1
-            for root, rest in zip(cluster_roots[np.concatenate(([0], split))], np.split(members, split)):
-                clusters.append(np.concatenate(([root], rest)))
-            clusters.sort(key=lambda c: (-len(c), int(c[0])))
+        live = near_live(alive, near_eligible, exact_dup)
+        near_dup, clusters = cluster(n, (members for band in range(bands) for bucket in range(buckets)
+                                         for members in bucket_groups(band_files, offsets, band, live, bucket, buckets)))
     return DedupResult(exact_dup, near_dup, groups, clusters)
+
+
+def shard_offsets(counts: Sequence[int]) -> np.ndarray:
+    """Global number of each shard's first document, then the total."""
+    return np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+
+
+def near_live(alive: np.ndarray, near_eligible: np.ndarray, exact_dup: np.ndarray) -> np.ndarray:
+    """Documents that near-deduplication looks at: alive, of an eligible domain, not exact copies."""
+    return alive & near_eligible & ~exact_dup

@@ -1,8 +1,9 @@
 """`curate`: the whole curation run, in three phases over shards of records.
 
-1. Read the inputs in order and cut them into shards (`output.shard_docs` / `shard_bytes`); each
-   shard is curated on its own (`curate_shard`), in `workers` processes, and leaves its survivors,
-   dedup hashes and counters in `OUT/.work/`. A shard already complete there is skipped.
+1. The inputs are planned as tasks (data/tasks.py: one per input file, small files grouped), each
+   task's records are cut into shards (`output.shard_docs` / `shard_bytes`) and each shard is
+   curated on its own (`curate_shard`), leaving its survivors, dedup hashes and counters in
+   `OUT/.work/`. A shard already complete there is skipped.
 2. Global decisions over all shards: top-fraction classifier cut, decontamination against eval
    tasks (`decontaminate.tasks`, data/decontaminate.py), exact and MinHash dedup
    (`dedup`, bounded memory) and the mixing plan (`mixing`).
@@ -10,13 +11,22 @@
    documents repeated or dropped by the mixing plan, rows shuffled; existing parts are kept.
 Then `report.json` and `report.md` (see `report`).
 
+Where the work runs is the executor's business, and only speed depends on it: `LocalExecutor`
+(below: shards in `workers` processes, dedup and output in this process) or `RayExecutor`
+(data/ray_curate.py: one Ray task per input task, the dedup stages and the output shards as Ray
+tasks, anywhere on a cluster). Both run the same code on the same shards, so they write the same
+bytes; the classifier cut, decontamination, the mixing plan and the report are computed here in
+both cases, from the shards' small per-document columns.
+
 A restart is only safe with the same inputs and settings, so `.work/manifest.json` records them
-and a different run into the same directory stops with the differences listed.
+and a different run into the same directory stops with the differences listed. One process
+writes a run at a time (`OUT/.lock`, io.writer_lock).
 """
 
 from __future__ import annotations
 
 import concurrent.futures as futures
+import contextlib
 import multiprocessing
 import time
 from pathlib import Path
@@ -28,14 +38,17 @@ import pyarrow.parquet as pq
 from groundup.config import config_diff, save_config
 from groundup.data.curate_config import CurateConfig, fingerprint_dict
 from groundup.data.curate_shard import ShardCurator, shard_complete, shard_files
-from groundup.data.dedup import deduplicate
+from groundup.data.dedup import DedupResult, deduplicate, shard_offsets
 from groundup.data.mixing import assign_copies, plan_mix
 from groundup.data.output import write_output_shard
-from groundup.data.readers import ReadStats, iter_records
+from groundup.data.readers import ReadStats, check_inputs, no_records_error
 from groundup.data.report import build_report, write_report
 from groundup.data.stats import StageStats
+from groundup.data.tasks import Task, cut_shards, input_fingerprint, plan_tasks, task_records
 from groundup.errors import DataError
-from groundup.io import atomic_write_json, ensure_writable_dir, read_json
+from groundup.io import atomic_write_json, ensure_writable_dir, read_json, writer_lock
+
+EXECUTORS = ("local", "ray")
 
 _curator: ShardCurator | None = None  # one per worker process
 
@@ -47,16 +60,6 @@ def _init_worker(cfg: CurateConfig) -> None:
 
 def _run_shard(index: int, records: list[dict], work: Path) -> dict:
     return _curator(index, records, work)
-
-
-def _input_fingerprint(paths: Sequence[Path]) -> list[dict]:
-    out = []
-    for p in paths:
-        files = sorted(f for f in p.rglob("*") if f.is_file()) if p.is_dir() else [p]
-        out.append({"path": str(p.resolve()), "files": len(files),
-                    "bytes": sum(f.stat().st_size for f in files),
-                    "mtime": max((f.stat().st_mtime for f in files), default=0.0)})
-    return out
 
 
 def _check_manifest(work: Path, manifest: dict) -> None:
@@ -72,30 +75,27 @@ def _check_manifest(work: Path, manifest: dict) -> None:
     atomic_write_json(path, manifest)
 
 
-def _shards(records: Iterator[dict], max_docs: int, max_bytes: int) -> Iterator[tuple[int, list[dict]]]:
-    batch, size, index = [], 0, 0
-    for record in records:
-        batch.append(record)
-        size += len(record["text"])
-        if len(batch) >= max_docs or size >= max_bytes:
+def _local_shards(tasks: Sequence[Task], cfg: CurateConfig, read_stats: ReadStats) -> Iterator[tuple[int, list[dict]]]:
+    """Every task's shards, read here one task after the other, numbered across tasks."""
+    index = 0
+    for task in tasks:
+        records = task_records(task, read_stats, cfg.read.default_domain, cfg.read.max_record_bytes)
+        for _, batch in cut_shards(records, cfg.output.shard_docs, cfg.output.shard_bytes):
             yield index, batch
-            batch, size, index = [], 0, index + 1
-    if batch:
-        yield index, batch
+            index += 1
 
 
-def _curate_shards(inputs: Sequence[Path], cfg: CurateConfig, work: Path, read_stats: ReadStats,
+def _curate_shards(tasks: Sequence[Task], cfg: CurateConfig, work: Path, read_stats: ReadStats,
                    progress: bool) -> tuple[list[dict], int]:
     """Phase 1. Returns every shard's stats (in order) and how many were skipped as complete."""
     from tqdm import tqdm
 
-    records = iter_records(inputs, read_stats, cfg.read.default_domain, cfg.read.max_record_bytes)
     results: dict[int, dict] = {}
     skipped = 0
     bar = tqdm(desc="curate", unit=" docs", disable=not progress)
     if cfg.workers == 1:
         curator = ShardCurator(cfg)
-        for index, batch in _shards(records, cfg.output.shard_docs, cfg.output.shard_bytes):
+        for index, batch in _local_shards(tasks, cfg, read_stats):
             if shard_complete(work, index):
                 results[index], skipped = read_json(shard_files(work, index)["stats"]), skipped + 1
             else:
@@ -107,7 +107,7 @@ def _curate_shards(inputs: Sequence[Path], cfg: CurateConfig, work: Path, read_s
         with futures.ProcessPoolExecutor(cfg.workers, mp_context=context, initializer=_init_worker,
                                          initargs=(cfg,)) as pool:
             pending: dict[futures.Future, int] = {}
-            for index, batch in _shards(records, cfg.output.shard_docs, cfg.output.shard_bytes):
+            for index, batch in _local_shards(tasks, cfg, read_stats):
                 if shard_complete(work, index):
                     results[index], skipped = read_json(shard_files(work, index)["stats"]), skipped + 1
                     bar.update(len(batch))
@@ -124,11 +124,11 @@ def _curate_shards(inputs: Sequence[Path], cfg: CurateConfig, work: Path, read_s
     return [results[i] for i in sorted(results)], skipped
 
 
-def _load_columns(work: Path, count: int) -> dict[str, np.ndarray]:
+def _load_columns(files: Sequence[dict[str, Path]]) -> dict[str, np.ndarray]:
     """domain and source (as codes), bytes and classifier score of every surviving document."""
     parts: dict[str, list] = {"domain": [], "source": [], "nbytes": [], "quality": []}
-    for index in range(count):
-        table = pq.read_table(shard_files(work, index)["stage"], columns=list(parts))
+    for shard in files:
+        table = pq.read_table(shard["stage"], columns=list(parts))
         for name in parts:
             parts[name].append(table.column(name).to_numpy(zero_copy_only=False))
     out = {k: np.concatenate(v) if v else np.zeros(0) for k, v in parts.items()}
@@ -157,20 +157,66 @@ def _top_fraction(cfg: CurateConfig, cols: dict, alive: np.ndarray) -> np.ndarra
     return keep
 
 
-def curate(inputs: Sequence[str | Path], out: str | Path, cfg: CurateConfig, progress: bool = True) -> dict:
-    """Run the whole curation into `out`; returns the report (also written as report.json/.md)."""
+class LocalExecutor:
+    """Shards curated in `cfg.workers` processes of this machine; dedup and output in this process."""
+
+    def __init__(self, cfg: CurateConfig, work: Path, progress: bool):
+        self.cfg, self.work, self.progress = cfg, work, progress
+
+    def curate_shards(self, tasks: Sequence[Task], read_stats: ReadStats) -> tuple[list[dict], list[dict], int]:
+        """Every shard's stats and files (in order), and how many shards were complete already."""
+        results, skipped = _curate_shards(tasks, self.cfg, self.work, read_stats, self.progress)
+        return results, [shard_files(self.work, i) for i in range(len(results))], skipped
+
+    def deduplicate(self, files: Sequence[dict], counts: Sequence[int], alive: np.ndarray,
+                    eligible: np.ndarray) -> DedupResult:
+        d = self.cfg.dedup
+        return deduplicate([f["exact"] for f in files], [f["bands"] for f in files], counts, alive, eligible,
+                           d.exact.enabled, d.minhash.enabled, d.minhash.bands, d.minhash.memory_mb)
+
+    def write_outputs(self, files: Sequence[dict], shards_dir: Path, copies: Sequence[np.ndarray]) -> list[dict]:
+        return [write_output_shard(f["stage"], shards_dir, i, c, self.cfg) for i, (f, c) in enumerate(zip(files, copies))]
+
+
+@contextlib.contextmanager
+def open_executor(executor: str, address: str | None, cfg: CurateConfig, work: Path, progress: bool):
+    if executor == "local":
+        if address:
+            raise DataError(f"--address {address}: only --executor ray connects to a cluster")
+        yield LocalExecutor(cfg, work, progress)
+    elif executor == "ray":
+        from groundup.data.ray_curate import RayExecutor
+
+        with RayExecutor.connect(address, cfg, work, progress) as ray_executor:
+            yield ray_executor
+    else:
+        raise DataError(f"executor {executor!r}: expected one of {', '.join(EXECUTORS)}")
+
+
+def curate(inputs: Sequence[str | Path], out: str | Path, cfg: CurateConfig, progress: bool = True,
+           executor: str = "local", address: str | None = None) -> dict:
+    """Run the whole curation into `out`; returns the report (also written as report.json/.md).
+
+    `executor="ray"` runs the tasks on the Ray cluster at `address` ("auto", "HOST:PORT",
+    "ray://HOST:PORT"; None: a Ray instance started for this run on this machine)."""
     started = time.perf_counter()
     inputs = [Path(p) for p in inputs]
-    for p in inputs:
-        if not p.exists():
-            raise DataError(f"input not found: {p}")
-    out = ensure_writable_dir(out)
-    work = ensure_writable_dir(out / ".work")
-    _check_manifest(work, {"inputs": _input_fingerprint(inputs), "config": fingerprint_dict(cfg)})
-    save_config(cfg, out / "config.toml")
+    check_inputs(inputs)
+    out = Path(out)
+    with open_executor(executor, address, cfg, out / ".work", progress) as ex:
+        out = ensure_writable_dir(out)
+        with writer_lock(out):
+            work = ensure_writable_dir(out / ".work")
+            _check_manifest(work, {"inputs": input_fingerprint(inputs), "config": fingerprint_dict(cfg)})
+            save_config(cfg, out / "config.toml")
+            return _run(ex, inputs, out, cfg, work, started)
 
+
+def _run(ex, inputs: list[Path], out: Path, cfg: CurateConfig, work: Path, started: float) -> dict:
     read_stats = ReadStats()
-    shard_results, skipped = _curate_shards(inputs, cfg, work, read_stats, progress)
+    shard_results, files, skipped = ex.curate_shards(plan_tasks(inputs, cfg.read.task_bytes), read_stats)
+    if read_stats.records == 0:
+        raise no_records_error(inputs, read_stats)
     phase1 = time.perf_counter() - started
 
     t0 = time.perf_counter()
@@ -178,13 +224,12 @@ def curate(inputs: Sequence[str | Path], out: str | Path, cfg: CurateConfig, pro
     for result in shard_results:
         stats.merge_dict(result["stages"])
     counts = [r["kept"] for r in shard_results]
-    cols = _load_columns(work, len(shard_results))
+    cols = _load_columns(files)
     alive = np.ones(len(cols["domain"]), dtype=bool)
     if cfg.classifier.model and cfg.classifier.top_fraction is not None:
         keep = _top_fraction(cfg, cols, alive)
         _bulk_stage(stats, "classifier_top_fraction", cols, alive, keep, "below_top_fraction")
         alive = keep
-    files = [shard_files(work, i) for i in range(len(shard_results))]
     if cfg.decontaminate.tasks:  # documents sharing a 13-gram with an eval item (data/decontaminate.py)
         from groundup.data.decontaminate import decontaminate_stage
 
@@ -194,9 +239,7 @@ def curate(inputs: Sequence[str | Path], out: str | Path, cfg: CurateConfig, pro
         stats.add_time("decontaminate", time.perf_counter() - t1)
         alive = keep
     eligible = np.isin(cols["domain"], cfg.dedup.minhash.domains)
-    result = deduplicate([f["exact"] for f in files], [f["bands"] for f in files], counts, alive, eligible,
-                         cfg.dedup.exact.enabled, cfg.dedup.minhash.enabled, cfg.dedup.minhash.bands,
-                         cfg.dedup.minhash.memory_mb)
+    result = ex.deduplicate(files, counts, alive, eligible)
     after_exact = alive & ~result.exact_duplicate
     if cfg.dedup.exact.enabled:
         _bulk_stage(stats, "exact_dedup", cols, alive, after_exact, "duplicate_text")
@@ -211,15 +254,15 @@ def curate(inputs: Sequence[str | Path], out: str | Path, cfg: CurateConfig, pro
     phase2 = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    offsets = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
-    shards_dir = ensure_writable_dir(out / "shards")
-    written = [write_output_shard(files[i]["stage"], shards_dir, i, copies[offsets[i]:offsets[i + 1]], cfg)
-               for i in range(len(files))]
+    offsets = shard_offsets(counts)
+    written = ex.write_outputs(files, ensure_writable_dir(out / "shards"),
+                               [copies[offsets[i]:offsets[i + 1]] for i in range(len(files))])
     phase3 = time.perf_counter() - t0
 
     report = build_report(
         inputs=inputs, cfg=cfg, read_stats=read_stats, stats=stats, dedup=result, cols=cols,
-        alive_before_dedup=alive, work=work, counts=counts, plan=plan, written=written, skipped_shards=skipped,
+        alive_before_dedup=alive, stage_files=[f["stage"] for f in files], counts=counts, plan=plan,
+        written=written, skipped_shards=skipped,
         timing={"curate_shards_s": phase1, "global_s": phase2, "write_s": phase3,
                 "total_s": time.perf_counter() - started})
     write_report(out, report)

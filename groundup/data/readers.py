@@ -21,6 +21,10 @@ Inputs and what they become:
 
 Problems never stop the read: they are counted in `ReadStats` with the first few positions.
 Only input that yields no record at all raises `DataError`.
+
+`iter_records` is `iter_input_files` (every file, in reading order) and `read_input_file` (one
+file's records) put together; the data stages that cut their work per file (`data/tasks.py`) call
+the two themselves.
 """
 
 from __future__ import annotations
@@ -339,6 +343,57 @@ def _source_name(path: Path) -> str:
     return name if path.is_dir() else os.path.splitext(name)[0] or name
 
 
+@dataclasses.dataclass(frozen=True)
+class InputFile:
+    """One file to read, with what its records are named after: `source` is the input path's name
+    (a directory's or a file's) and `rel` the file's path inside that directory."""
+
+    path: Path
+    rel: str
+    source: str
+    in_directory: bool
+
+
+def iter_input_files(paths: Sequence[str | Path]) -> Iterator[InputFile]:
+    """Every file the inputs name, in reading order: the paths as given, directories walked sorted."""
+    for p in map(Path, paths):
+        source = _source_name(p)
+        if p.is_dir():
+            for f in _walk(p):
+                yield InputFile(f, f.relative_to(p).as_posix(), source, True)
+        else:
+            yield InputFile(p, p.name, source, False)
+
+
+def check_inputs(paths: Sequence[str | Path]) -> None:
+    """DataError for no input at all or a path that does not exist, before any work starts."""
+    if not paths:
+        raise DataError("no input given: name at least one file or directory")
+    for p in paths:
+        if not Path(p).exists():
+            raise DataError(f"input not found: {p}")
+
+
+def read_input_file(file: InputFile, stats: ReadStats, default_domain: str | None = None,
+                    max_record_bytes: int = 64 << 20, require_text: bool = True) -> Iterator[dict]:
+    """The records of one input file; a file that cannot be read to the end is counted and skipped."""
+    try:
+        for record in _iter_file(file.path, file.rel, file.source, default_domain, stats, max_record_bytes,
+                                 file.in_directory, require_text):
+            stats.records += 1
+            yield record
+    except (OSError, EOFError, ValueError, zstandard.ZstdError) as e:  # truncated, corrupt (pyarrow's
+        # errors are ValueErrors), unreadable: name it and go on with the next file
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e) or type(e).__name__
+        stats.note("unreadable_files", f"{file.path}: unreadable ({reason}), skipped")
+
+
+def no_records_error(paths: Sequence[str | Path], stats: ReadStats) -> DataError:
+    """What reading inputs that hold no record at all ends with (several readers share the words)."""
+    return DataError(f"no records found in {', '.join(map(str, paths))}: {stats.summary()}"
+                     + "".join(f"; {e}" for e in (stats.bad_json_examples + stats.no_text_examples)[:3]))
+
+
 def iter_records(paths: Sequence[str | Path], stats: ReadStats | None = None, default_domain: str | None = None,
                  max_record_bytes: int = 64 << 20, require_text: bool = True) -> Iterator[dict]:
     """Yield text records from files and directories (see the module docstring for the formats).
@@ -352,28 +407,9 @@ def iter_records(paths: Sequence[str | Path], stats: ReadStats | None = None, de
     stats = stats if stats is not None else ReadStats()
     if isinstance(paths, (str, Path)):
         paths = [paths]
-    if not paths:
-        raise DataError("no input given: name at least one file or directory")
-    for p in paths:
-        if not Path(p).exists():
-            raise DataError(f"input not found: {p}")
+    check_inputs(paths)
     start = stats.records
-    for p in map(Path, paths):
-        source = _source_name(p)
-        if p.is_dir():
-            files = ((f, f.relative_to(p).as_posix()) for f in _walk(p))
-        else:
-            files = iter([(p, p.name)])
-        for path, rel in files:
-            try:
-                for record in _iter_file(path, rel, source, default_domain, stats, max_record_bytes, p.is_dir(),
-                                         require_text):
-                    stats.records += 1
-                    yield record
-            except (OSError, EOFError, ValueError, zstandard.ZstdError) as e:  # truncated, corrupt (pyarrow's
-                # errors are ValueErrors), unreadable: name it and go on with the next file
-                reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e) or type(e).__name__
-                stats.note("unreadable_files", f"{path}: unreadable ({reason}), skipped")
+    for file in iter_input_files(paths):
+        yield from read_input_file(file, stats, default_domain, max_record_bytes, require_text)
     if stats.records == start:
-        raise DataError(f"no records found in {', '.join(map(str, paths))}: {stats.summary()}"
-                        + "".join(f"; {e}" for e in (stats.bad_json_examples + stats.no_text_examples)[:3]))
+        raise no_records_error(paths, stats)

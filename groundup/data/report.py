@@ -33,7 +33,6 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from groundup.data.curate_config import FILTER_NAMES, CurateConfig
-from groundup.data.curate_shard import shard_files
 from groundup.data.dedup import DedupResult
 from groundup.data.mixing import MixPlan
 from groundup.data.readers import PROBLEM_KINDS, ReadStats
@@ -69,7 +68,8 @@ def _histogram(sizes: Sequence[int]) -> dict:
     return bins
 
 
-def _cluster_examples(result: DedupResult, counts: Sequence[int], work: Path, limit: int, snippet: int) -> list:
+def _cluster_examples(result: DedupResult, counts: Sequence[int], stage_files: Sequence[Path], limit: int,
+                      snippet: int) -> list:
     offsets = np.concatenate(([0], np.cumsum(counts)))
     tables: dict[int, dict] = {}
     out = []
@@ -78,8 +78,7 @@ def _cluster_examples(result: DedupResult, counts: Sequence[int], work: Path, li
         for g in cluster[:5]:  # a few members are enough to see why they cluster
             shard = int(np.searchsorted(offsets, g, side="right") - 1)
             if shard not in tables:
-                tables[shard] = pq.read_table(shard_files(work, shard)["stage"],
-                                              columns=["id", "source", "domain", "text"]).to_pydict()
+                tables[shard] = pq.read_table(stage_files[shard], columns=["id", "source", "domain", "text"]).to_pydict()
             row = int(g - offsets[shard])
             t = tables[shard]
             members.append({"id": t["id"][row], "source": t["source"][row], "domain": t["domain"][row],
@@ -99,7 +98,8 @@ def _table_sum(tables: Sequence[dict], key: str) -> dict:
 
 
 def build_report(*, inputs, cfg: CurateConfig, read_stats: ReadStats, stats: StageStats, dedup: DedupResult,
-                 cols: dict, alive_before_dedup: np.ndarray, work: Path, counts: Sequence[int], plan: MixPlan,
+                 cols: dict, alive_before_dedup: np.ndarray, stage_files: Sequence[Path], counts: Sequence[int],
+                 plan: MixPlan,
                  written: list[dict], skipped_shards: int, timing: dict) -> dict:
     data = stats.to_dict()
     stages = [_stage_entry(n, data[n]) for n in STAGE_ORDER if n in data]
@@ -139,7 +139,7 @@ def build_report(*, inputs, cfg: CurateConfig, read_stats: ReadStats, stats: Sta
                         "clusters": len(dedup.clusters), "removed_docs": int(near_removed.sum()),
                         "removed_bytes": int(cols["nbytes"][near_removed].sum()),
                         "size_histogram": _histogram([len(c) for c in dedup.clusters]),
-                        "largest": _cluster_examples(dedup, counts, work, cfg.dedup.cluster_examples,
+                        "largest": _cluster_examples(dedup, counts, stage_files, cfg.dedup.cluster_examples,
                                                      cfg.output.snippet_chars)},
         },
         "mix": {"weights": cfg.mixing.weights, "max_repeats": cfg.mixing.max_repeats,

@@ -9,6 +9,7 @@ import argparse
 from pathlib import Path
 
 from groundup.config import add_config_arguments, load_cli_config
+from groundup.data.commands import executor_arguments
 
 
 def tokenize_arguments(p: argparse.ArgumentParser) -> None:
@@ -16,7 +17,9 @@ def tokenize_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input", required=True, nargs="+", type=Path, help="files or directories of text records")
     p.add_argument("--out", required=True, type=Path, help="directory for index.json, train/ and val/")
     p.add_argument("--val-fraction", type=float, default=None, help="share of documents for validation (0.01)")
-    p.add_argument("--workers", type=int, default=None, help="encoding processes (default: one per core)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="encoding processes (default: one per core; --executor local)")
+    executor_arguments(p)
     add_config_arguments(p, "TokenizeConfig", "shard_tokens=1000000")
 
 
@@ -25,7 +28,8 @@ def tokenize(args: argparse.Namespace) -> None:
     from groundup.tokens.shards import SPLITS, TokenizeConfig, tokenize_to_shards
 
     cfg = load_cli_config(TokenizeConfig, args, val_fraction=args.val_fraction, workers=args.workers)
-    index = tokenize_to_shards(args.input, args.tokenizer, args.out, cfg, progress=not args.quiet)
+    index = tokenize_to_shards(args.input, args.tokenizer, args.out, cfg, progress=not args.quiet,
+                               executor=args.executor, address=args.address)
     mb = index["bytes"] / 1e6
     print(f"{args.out}: {index['tokens']:,} tokens ({index['dtype']}) from {index['documents']:,} documents, "
           f"{mb:.1f} MB of text in {index['seconds']:.1f} s ({mb / max(index['seconds'], 1e-9):.1f} MB/s)")
