@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from groundup.errors import DataError
+from groundup.io import read_json
 
 INSTALL_HINT = "pip install 'groundup[ray]'"
 MAX_RETRIES = 3  # Ray's default for tasks whose worker died
@@ -149,6 +150,22 @@ def remove_temporaries(directory: Path, names: str = "*") -> None:
     attempt whose worker was killed. Only a task's own files: others may be writing beside them."""
     for path in Path(directory).glob(f".{names}.tmp-*"):
         path.unlink(missing_ok=True)
+
+
+def start_task(files, directory: Path, done_file: str) -> dict | None:
+    """In a task: its marker when an earlier attempt finished it (its result was lost with its worker);
+    else None, once this machine sees the inputs and `directory` is ready and free of half-written files."""
+    done = directory / done_file
+    if done.exists():
+        return read_json(done, expect=dict)
+    require_shared(directory.parent)
+    for file in files:
+        if not file.path.exists():
+            raise DataError(f"{file.path}: not found on node {platform.node()}: every machine of the Ray cluster "
+                            "must see the inputs at the same paths (a shared filesystem)")
+    directory.mkdir(exist_ok=True)
+    remove_temporaries(directory)
+    return None
 
 
 def fault_spec() -> str | None:

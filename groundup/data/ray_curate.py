@@ -47,7 +47,7 @@ from groundup.data.tasks import Task, cut_shards, task_records
 from groundup.errors import DataError
 from groundup.io import atomic_write_json, read_json
 from groundup.ray_cluster import (fault_spec, maybe_fault, ray_session, remove_temporaries, require_shared,
-                                  run_tasks)
+                                  run_tasks, start_task)
 
 DONE_FILE = "done.json"
 _curator: tuple[str, ShardCurator] | None = None  # per worker process: built once per configuration
@@ -64,16 +64,8 @@ def _shard_curator(cfg: CurateConfig) -> ShardCurator:
 def curate_task(task: Task, cfg: CurateConfig, task_dir: str, fault: str | None) -> dict:
     """In a Ray worker: curate one input task's shards into `task_dir`; returns its marker."""
     directory = Path(task_dir)
-    done = directory / DONE_FILE
-    if done.exists():  # finished by an earlier attempt whose result was lost with its worker
-        return read_json(done, expect=dict)
-    require_shared(directory.parent)
-    for file in task.files:
-        if not file.path.exists():
-            raise DataError(f"{file.path}: not found on node {platform.node()}: every machine of the Ray cluster "
-                            "must see the inputs at the same paths (a shared filesystem)")
-    directory.mkdir(exist_ok=True)
-    remove_temporaries(directory)
+    if (marker := start_task(task.files, directory, DONE_FILE)) is not None:
+        return marker
     curator = _shard_curator(cfg)
     stats = ReadStats()
     shards = []
@@ -86,7 +78,7 @@ def curate_task(task: Task, cfg: CurateConfig, task_dir: str, fault: str | None)
         maybe_fault(fault, "curate", task.index, directory.parent.parent)
     marker = {"task": task.index, "files": [str(f.path) for f in task.files], "shards": shards,
               "read": stats.to_dict(), "node": platform.node(), "pid": os.getpid(), "finished_at": time.time()}
-    atomic_write_json(done, marker, indent=None)  # last: the task is complete
+    atomic_write_json(directory / DONE_FILE, marker, indent=None)  # last: the task is complete
     return marker
 
 

@@ -39,7 +39,7 @@ from groundup.data.readers import ReadStats, no_records_error
 from groundup.data.tasks import Task, input_fingerprint, plan_tasks, task_records
 from groundup.errors import DataError
 from groundup.io import atomic_open, atomic_write_json, ensure_writable_dir, read_json
-from groundup.ray_cluster import fault_spec, maybe_fault, remove_temporaries, require_shared, run_tasks
+from groundup.ray_cluster import fault_spec, maybe_fault, run_tasks, start_task
 from groundup.tokens.writer import encode_documents, text_batches
 
 WORK_DIR = ".work"
@@ -61,16 +61,8 @@ def _tokenizer(refs: list, tok_hash: str):
 def encode_task(task: Task, tok_refs: list, tok_hash: str, cfg, dtype: str, task_dir: str, fault: str | None) -> dict:
     """In a Ray worker: encode one task's records into `task_dir`; returns its marker."""
     directory = Path(task_dir)
-    done = directory / DONE_FILE
-    if done.exists():  # finished by an earlier attempt whose result was lost with its worker
-        return read_json(done, expect=dict)
-    require_shared(directory.parent)
-    for file in task.files:
-        if not file.path.exists():
-            raise DataError(f"{file.path}: not found on node {platform.node()}: every machine of the Ray cluster "
-                            "must see the inputs at the same paths (a shared filesystem)")
-    directory.mkdir(exist_ok=True)
-    remove_temporaries(directory)
+    if (marker := start_task(task.files, directory, DONE_FILE)) is not None:
+        return marker
     tok = _tokenizer(tok_refs, tok_hash)
     stats, skipped, metas = ReadStats(), collections.Counter(), collections.deque()
     lengths, nbytes, scores = [], [], []
@@ -94,7 +86,7 @@ def encode_task(task: Task, tok_refs: list, tok_hash: str, cfg, dtype: str, task
     marker = {"task": task.index, "files": [str(f.path) for f in task.files], "documents": int(sum(map(len, lengths))),
               "skipped_empty": skipped["empty"], "read": stats.to_dict(), "node": platform.node(), "pid": os.getpid(),
               "finished_at": time.time()}
-    atomic_write_json(done, marker, indent=None)  # last: the task is complete
+    atomic_write_json(directory / DONE_FILE, marker, indent=None)  # last: the task is complete
     return marker
 
 
