@@ -45,6 +45,7 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("eval", "contamination"), "groundup.eval.commands:contamination", "share of benchmark items whose 13-grams occur in training data; Min-K% membership scores"),
     (("eval",), "groundup.eval.commands:evaluate", "score a model on real benchmarks (lm-eval's definitions), bits per byte, contamination"),
     (("export", "hf"), "groundup.interop.commands:export_hf", "write a checkpoint as a Hugging Face model directory"),
+    (("export", "gguf"), "groundup.interop.commands:export_gguf", "write a model as a llama.cpp GGUF file (f32, f16, q8_0, q4_0)"),
     (("quantize",), "groundup.quant.commands:quantize", "int8 / int4 / GPTQ weight-only quantization of a model"),
     (("import", "hf"), "groundup.interop.commands:import_hf", "turn a local Hugging Face model directory into a groundup model"),
     (("import", "gguf"), "groundup.interop.commands:import_gguf", "turn a llama.cpp GGUF file (Llama, Mistral, Qwen2/3, SmolLM) into a groundup model"),

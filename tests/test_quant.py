@@ -97,14 +97,24 @@ def _linear_pair(fmt, N, K, bias=False, seed=0):
     return lin, q
 
 
-@pytest.mark.parametrize("name", ["compiled", "packed", "dequant"])
+@pytest.mark.parametrize("name", ["native", "compiled", "packed", "dequant"])
 @pytest.mark.parametrize("fmt", ["int8", "int4"])
 def test_each_kernel_matches_dequantize_then_matmul(name, fmt):
     shapes = [(80, 64)] if name == "compiled" else [(80, 64), (48, 96)]  # 80 rows: not a multiple of 16
+    if name == "native":  # its SIMD paths (M = 1, tiles, any rows) and the scalar tails (K = 40, 7 rows)
+        from groundup.quant import native
+
+        if not native.available():
+            pytest.skip(f"native kernels unavailable: {native.why_unavailable()}")
+        shapes += [(7, 40), (130, 256)] if fmt == "int8" else [(130, 256)]
     for N, K in shapes:
         _, q = _linear_pair(fmt, N, K, bias=True)
-        w = q.dequantize(torch.float32)
-        for x in (torch.randn(1, K), torch.randn(3, K), torch.randn(8, K), torch.randn(2, 4, K)):
+        w = (dequantize_int8(q.qweight, q.scales) if fmt == "int8"
+             else dequantize_int4(q.qweight, q.scales, q.zeros, q.group_size))  # formats.py's, eager
+        with backend(name):
+            assert torch.equal(q.dequantize(torch.float32), w)  # every backend's dequantize, bit for bit
+        # decoding rows (<= NATIVE_ROWS: the native integer kernels) and prefill rows (float weight + BLAS)
+        for x in (torch.randn(1, K), torch.randn(3, K), torch.randn(8, K), torch.randn(2, 4, K), torch.randn(40, K)):
             with backend(name), torch.inference_mode():
                 y = q(x)
             ref = F.linear(x, w, q.bias)

@@ -1,6 +1,7 @@
-"""`groundup export hf`, `groundup import hf` and `groundup import gguf`.
+"""`groundup export hf`, `groundup export gguf`, `groundup import hf` and `groundup import gguf`.
 
-Each refuses an --out that exists and is not empty unless --overwrite is given (see out_dir).
+Each refuses an --out that exists and is not empty unless --overwrite is given (the directories through
+groundup.io.check_out_dir; `export gguf` writes one file, which it replaces only with --overwrite).
 """
 
 from __future__ import annotations
@@ -25,6 +26,26 @@ def export_hf(args: argparse.Namespace) -> int:
     arch = run(args.checkpoint, args.out, args.dtype, overwrite=args.overwrite)
     print(f"wrote {args.out} ({arch}); load it with transformers.AutoModelForCausalLM.from_pretrained("
           f"{str(args.out)!r}) and AutoTokenizer.from_pretrained(...)")
+    return 0
+
+
+def export_gguf_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--checkpoint", required=True, help="a model directory (also a quantized one) or a training run")
+    p.add_argument("--type", default=None, help="f32, f16, q8_0 or q4_0 (default: f16; f32 for a quantized model, "
+                   "its exact form)")
+    p.add_argument("--out", required=True, type=Path, help="the .gguf file to write")
+    p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+
+
+def export_gguf(args: argparse.Namespace) -> int:
+    from groundup.interop.gguf_export import export_gguf as run
+
+    report = run(args.checkpoint, args.out, args.type, overwrite=args.overwrite)
+    size = report.path.stat().st_size
+    print(f"wrote {report.path} ({report.arch}, {report.type}, {report.tensors} tensors, {size / 1e6:.1f} MB, "
+          f"tokenizer.ggml.pre = {report.pre!r}); run it with llama.cpp: llama-cli -m {report.path}")
+    for note in report.notes:
+        print(f"note: {note}", file=sys.stderr)
     return 0
 
 

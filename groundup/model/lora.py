@@ -13,6 +13,13 @@ peft's separate adapters on Hugging Face's q_proj/k_proj/v_proj and gate_proj/up
 exports to peft without approximation (interop/peft_format.py). Stacked MoE experts get one pair per
 expert through a weight parametrization (W_e + scale * B_e A_e), without dropout.
 
+QLoRA: the layer under an adapter may be a quantized one (groundup.quant's QuantLinear, int8 or int4):
+it stays frozen and integer, the adapter trains in full precision, and the forward and backward pass
+never hold a float copy of its weight beyond one layer at a time (quant/modules.py's QuantMatmul).
+Merging such an adapter dequantizes: the layer becomes an nn.Linear holding dequantize(W) + BA, and
+`merge_lora` turns the rest of the model to float too (`dequantize_model`), so the merged model is an
+ordinary full-precision one (quantize it again with `groundup quantize`).
+
 Targets: "attention" (GQA: qkv_proj, o_proj; MLA: q_proj or q_down/q_up, kv_down, kv_up, o_proj),
 "mlp" (dense MLPs and shared experts: gate_up_proj or up_proj, down_proj), "experts" (routed MoE
 experts), "all" (all three), or module names such as "o_proj". The router and the embeddings are
@@ -99,7 +106,8 @@ class LoRALinear(nn.Module):
         self.parts = list(parts or [base.out_features])
         if sum(self.parts) != base.out_features:
             raise ValueError(f"parts {self.parts} do not add up to {base.out_features} outputs")
-        device = base.weight.device
+        integers = getattr(base, "qweight", None)  # a quantized layer: its .weight would dequantize it
+        device = (integers if integers is not None else base.weight).device
         self.lora_A = nn.Parameter(torch.empty(len(self.parts) * rank, base.in_features, device=device))
         self.lora_B = nn.Parameter(torch.zeros(base.out_features, rank, device=device))
         for a in self.lora_A.data.split(rank):
@@ -143,10 +151,20 @@ class LoRALinear(nn.Module):
 
     @torch.no_grad()
     def merge(self) -> nn.Module:
-        """The base layer with the update folded into its weight (this wrapper is then spent)."""
-        self.base.weight += self.delta().to(self.base.weight.dtype)
+        """The base layer with the update folded into its weight (this wrapper is then spent); a quantized
+        base becomes an nn.Linear holding its dequantized weight plus the update."""
+        base = self.base
+        if not isinstance(base, nn.Linear):
+            w = base.weight  # dequantized
+            linear = nn.Linear(base.in_features, base.out_features, bias=base.bias is not None, device=w.device,
+                               dtype=w.dtype)
+            linear.weight.copy_(w)
+            if base.bias is not None:
+                linear.bias.copy_(base.bias)
+            base = linear
+        base.weight += self.delta().to(base.weight.dtype)
         self.merged = True
-        return self.base
+        return base
 
 
 class ExpertLoRA(nn.Module):
@@ -187,17 +205,23 @@ def apply_lora(model: nn.Module, cfg: LoraConfig) -> list[str]:
 
     if not cfg.enabled:
         return []
+    from groundup.quant.modules import QuantLinear  # QLoRA: a quantized layer is wrapped like a float one
+
     wanted = cfg.module_names()
     for p in model.parameters():
         p.requires_grad_(False)
     adapted = []
     for path, module in list(model.named_modules()):
         for child_name, child in list(module.named_children()):
-            if child_name in wanted and isinstance(child, nn.Linear) and not isinstance(module, LoRALinear):
+            if (child_name in wanted and isinstance(child, (nn.Linear, QuantLinear))
+                    and not isinstance(module, LoRALinear)):
                 wrapped = LoRALinear(child, cfg.rank, cfg.scale, cfg.dropout, _fused_parts(child, child_name, model.cfg))
                 setattr(module, child_name, wrapped)
                 adapted.append(f"{path}.{child_name}" if path else child_name)
         if isinstance(module, MoE) and cfg.adapts_experts():
+            if not isinstance(getattr(module, "experts_in", None), nn.Parameter):
+                fail("targets", cfg.targets, "no 'experts' (or 'all') on a quantized MoE: its stacked experts are "
+                     "integer weights, which take no adapter; adapt attention and mlp")
             for pname in ("experts_in", "experts_out"):
                 parametrize.register_parametrization(module, pname, ExpertLoRA(getattr(module, pname), cfg.rank,
                                                                                cfg.scale))
@@ -245,7 +269,11 @@ def adapters_disabled(model: nn.Module) -> Iterator[nn.Module]:
 
 @torch.no_grad()
 def merge_lora(model: nn.Module) -> nn.Module:
-    """Fold every adapter into its base weight and remove the wrappers (the model is a plain one again)."""
+    """Fold every adapter into its base weight and remove the wrappers (the model is a plain one again;
+    a quantized model is dequantized, see the module docstring)."""
+    from groundup.quant.modules import QuantWeight, dequantize_model
+
+    quantized = any(isinstance(m, QuantWeight) for m in model.modules())
     for module in list(model.modules()):
         for child_name, child in list(module.named_children()):
             if isinstance(child, LoRALinear):
@@ -253,6 +281,8 @@ def merge_lora(model: nn.Module) -> nn.Module:
         if parametrize.is_parametrized(module):
             for pname in list(module.parametrizations.keys()):
                 parametrize.remove_parametrizations(module, pname, leave_parametrized=True)
+    if quantized:
+        dequantize_model(model)
     for p in model.parameters():
         p.requires_grad_(True)
     return model

@@ -24,7 +24,7 @@ from typing import Any, Iterator
 from groundup.config import ConfigError, load_config, save_config
 from groundup.errors import CheckpointError, DataError
 from groundup.io import atomic_dir, writer_lock
-from groundup.layout import LOCK_FILE, RUN_CONFIG_FILE, TOKENIZER_DIR, is_run_dir, resolve_model_dir
+from groundup.layout import LOCK_FILE, RUN_CONFIG_FILE, TOKENIZER_DIR, is_adapter_dir, is_run_dir, resolve_model_dir
 from groundup.train.config import check_compatible, resume_differences
 from groundup.train.loop import training_session
 from groundup.train.metrics import check_trackers
@@ -55,13 +55,33 @@ class Session:
 
 
 def load_base(cfg, note=print):
-    """(fp32 model on the CPU in train mode, tokenizer, base model directory) of `cfg.base`."""
+    """(fp32 model on the CPU in train mode, tokenizer, base model directory) of `cfg.base`.
+
+    A quantized base (`groundup quantize` output) stays quantized (QLoRA): its integer weights are
+    frozen, so only LoRA can train on it; full fine-tuning is refused. A LoRA run whose base is
+    quantized is merged into the dequantized base (see model/lora.py): training goes on in full precision."""
     from groundup.infer.loading import load_for_inference
+    from groundup.interop.peft_format import adapter_config
+    from groundup.quant.io import is_quantized, read_quant_spec
+    from groundup.quant.modules import QuantWeight
 
     if not cfg.base:
         raise ConfigError("base is not set: pass --base MODEL (a model directory, a run, an imported model)", key="base")
     model_dir = resolve_model_dir(cfg.base, note)
+    lora = getattr(cfg, "lora", None)
+    if is_quantized(model_dir) and not (lora is not None and lora.enabled):
+        spec = read_quant_spec(model_dir, strict=False)
+        raise ConfigError(f"{model_dir} is quantized ({spec.describe() if spec else 'integer weights'}): its weights "
+                          "cannot train; use LoRA (lora.rank) on a quantized base (QLoRA), or fine-tune the "
+                          "full-precision model it was quantized from", key="lora.rank")
     model, tok = load_for_inference(cfg.base, device="cpu", dtype="float32", merge=True)
+    if any(isinstance(m, QuantWeight) for m in model.modules()):
+        note(f"base {model_dir}: quantized ({model.quant_spec.describe()}); its weights stay frozen integers and "
+             "only the LoRA adapters train (QLoRA)")
+    elif is_adapter_dir(model_dir) and is_quantized(resolve_model_dir(adapter_config(model_dir)[1].get("base") or
+                                                                      model_dir, lambda *_: None)):
+        note(f"base {model_dir}: a LoRA adapter on a quantized model, merged into the dequantized weights; "
+             "training goes on in full precision")
     if cfg.train.seq_len > model.cfg.max_seq_len:
         raise ConfigError(f"train.seq_len = {cfg.train.seq_len}: the base model's context is {model.cfg.max_seq_len}",
                           key="train.seq_len")

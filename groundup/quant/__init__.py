@@ -7,7 +7,7 @@
 
 formats.py    the int8 / int4 layouts and round-to-nearest
 kernels.py    the matmuls over them and which runs where (compiled, PyTorch's packed kernels, fallback)
-modules.py    QuantLinear, QuantEmbedding, QuantMoE, QuantizedTransformer
+modules.py    QuantLinear, QuantEmbedding, QuantMoE, QuantizedTransformer, dequantize_model
 gptq.py       the GPTQ algorithm; quantize.py runs it block by block over calibration activations
 io.py         quantized model directories; spec.py their [quantization] table
 commands.py   `groundup quantize`
@@ -15,10 +15,11 @@ commands.py   `groundup quantize`
 
 from groundup.quant.io import is_quantized, load_quantized_model, read_quant_spec, save_quantized_model
 from groundup.quant.kernels import get_kernel_backend, set_kernel_backend
-from groundup.quant.modules import QuantEmbedding, QuantizedTransformer, QuantLinear, QuantMoE, QuantWeight
+from groundup.quant.modules import (QuantEmbedding, QuantizedTransformer, QuantLinear, QuantMoE, QuantWeight,
+                                    dequantize_model)
 from groundup.quant.quantize import LayerReport, QuantizeReport, quantize_model
 from groundup.quant.spec import METHODS, QuantSpec
 
 __all__ = ["LayerReport", "METHODS", "QuantEmbedding", "QuantLinear", "QuantMoE", "QuantSpec", "QuantWeight",
-           "QuantizeReport", "QuantizedTransformer", "get_kernel_backend", "is_quantized", "load_quantized_model",
-           "quantize_model", "read_quant_spec", "save_quantized_model", "set_kernel_backend"]
+           "QuantizeReport", "QuantizedTransformer", "dequantize_model", "get_kernel_backend", "is_quantized",
+           "load_quantized_model", "quantize_model", "read_quant_spec", "save_quantized_model", "set_kernel_backend"]

@@ -1,14 +1,16 @@
 """Matmuls over quantized weights (y = x W^T for x (M, K)), and which implementation runs where.
 
-Three implementations ("backends"), each for both formats (see formats.py):
+Four implementations ("backends"), each for both formats (see formats.py):
 
-    compiled  torch.compile'd kernels. Up to SMALL_ROWS rows (decoding): one fused
-              multiply-reduce that reads the integer weights directly (no float copy of the
-              weight is ever written). More rows (prefill, calibration): F.linear (BLAS / cuBLAS)
-              over a float copy made in one pass: for int8 the integers converted to the
-              activations' dtype, the scales applied to the output (as torchao does; faster here
-              than a compiled dequantize, whose call overhead shows at these sizes), for int4 a
-              compiled dequantize.
+    native    groundup's C++ kernels (native.py, built once per machine, then loaded in ~0.1 s). Up to
+              NATIVE_ROWS rows (decoding): int8_mm / int4_mm read the integers once for all rows. More
+              rows (prefill, calibration, QLoRA): F.linear (BLAS) over a float copy made in one pass:
+              int8 converted to float with the scales applied to the output (as torchao does), int4
+              dequantized by the native int4_dequant. Float32 activations only (else `compiled`).
+    compiled  torch.compile'd kernels: the same split at SMALL_ROWS rows, a fused multiply-reduce over
+              the integers below it, a compiled dequantize (int4) or conversion (int8) + F.linear above.
+              Compiled anew in every process: seconds before the first token, even with inductor's
+              on-disk cache warm (benchmarks/quant_first_use.py).
     packed    PyTorch's packed kernels: int8 `aten._weight_int8pack_mm` (CPU and CUDA; on CUDA, a
               GEMV, only up to SMALL_ROWS rows, cuBLAS over the dequantized weight above); int4
               `aten._weight_int4pack_mm_for_cpu` on CPU (weights converted once by
@@ -19,16 +21,16 @@ Three implementations ("backends"), each for both formats (see formats.py):
               The conversions follow torchao's usage (int4_opaque_tensor.py, int4_tile_packed_to_4d_tensor.py).
     dequant   dequantize to the activations' dtype, then F.linear, eagerly: the fallback.
 
-`auto` (the default) is `compiled` on CPU and `packed` on CUDA. benchmarks/quant_kernels.py
-measures all of them. On this project's CPU (2-core AMD EPYC, AVX2, no AVX-512; one thread; a
-shared machine) the packed CPU kernels run 8-50x slower than fp32 F.linear, and so do torchao's
-int4 weight-only layers, which call them; the compiled kernels are the fastest quantized path.
-At batch 1 a d_model 768 block's four matmuls run 1.15x as fast as fp32 in int8 (the 4096x768
-gate_up 1.8x) and 0.7x in int4, a d_model 384 block's 0.55x and 0.4x (its weights fit in cache,
-so reading fewer bytes saves little); at batch 8, 0.7x (int8) and 0.5-0.7x (int4). Greedy
-decoding of a d_model 384 model: int8 1.3x fp32's tokens/s at batch 1 and 1.0x at batch 8, int4
-1.0x and 0.75x. The sure gain here is memory: int8 weights are 4x, int4 (groups of 128) 7.4x
-smaller than fp32. On GPUs and AVX-512 CPUs the packed kernels may well win: measure there.
+`auto` (the default) is `native` on CPU where the C++ kernels build (else `compiled`) and `packed` on
+CUDA. Chosen by measurement (benchmarks/quant_kernels.py, quant_table.py; 2-core AMD EPYC, one thread,
+a shared machine; AVX-512 on the 2026-11-23 host, AVX2 only on earlier ones, where the native kernels
+use their AVX2 path): the packed CPU kernels run 4-50x slower than fp32 F.linear
+there (and so do torchao's int4 weight-only layers, which call them); at one row the native kernels
+beat the compiled ones 1.6x (int8) and 3x (int4) and fp32 F.linear 2.5-5x on a d_model 640 block's
+matmuls (whose weights do not fit in cache; a d_model 128 block's do, and gain 1.0-1.5x); at 8-16
+rows they run 0.5-0.7x fp32 at d_model 128 and 0.9-1.9x at d_model 640. The compiled kernels cost
+5-10 s of warm-up in every process (26-45 s with a cold inductor cache); the native ones a 10-15 s
+build once per machine, then ~0.1 s to load (benchmarks/quant_first_use.py).
 
 A path without a kernel (another device; torch.compile unavailable; the CPU int8 kernel with
 bfloat16 activations and K not a multiple of 16, which it computes wrongly) falls back to
@@ -46,8 +48,9 @@ import torch.nn.functional as F
 
 from groundup.quant.formats import dequantize_int4, dequantize_int8, unpack_int4
 
-BACKENDS = ("auto", "compiled", "packed", "dequant")
+BACKENDS = ("auto", "native", "compiled", "packed", "dequant")
 SMALL_ROWS = 4  # up to this many rows the compiled path multiplies and reduces in one pass
+NATIVE_ROWS = 16  # up to this many rows (decoding, batched decoding) the native kernels run
 
 _backend = "auto"
 _compiled: dict[tuple, Callable] = {}
@@ -76,7 +79,7 @@ def backend_for(device: torch.device) -> str:
     if _backend != "auto":
         return _backend
     if device.type == "cpu":
-        return "compiled"
+        return "native" if _native_ready() else "compiled"
     if device.type == "cuda":
         return "packed"
     return "dequant"
@@ -256,13 +259,57 @@ def _try_packed(fn: Callable, what: str, *args):
         return None
 
 
+# ----------------------------------------------------------------------------- native kernels
+
+
+def _native_ready(build: bool = True) -> bool:
+    """Whether the native kernels are loaded; builds them on first use, never while torch.compile traces."""
+    from groundup.quant import native
+
+    if native.ready() or not build or torch.compiler.is_compiling():
+        return native.ready()
+    if not native.available():
+        warn_once("native", f"native quantized kernels are unavailable ({native.why_unavailable()}); "
+                  "using the compiled kernels")
+    return native.ready()
+
+
+def _native(x: torch.Tensor, fmt: str, *tensors) -> torch.Tensor | None:
+    """The native kernels' product for float32 activations on the CPU (else None): up to NATIVE_ROWS rows
+    the integer matmul; more rows (prefill, training), F.linear over the float weight, int4's made by the
+    native dequantize, int8's converted (the scales go on the output), none of them compiled."""
+    if x.device.type != "cpu" or x.dtype != torch.float32 or not _native_ready():
+        return None
+    if tensors[1].dtype != torch.float32:  # scales cast to half precision: not this kernel's
+        return None
+    if fmt == "int8":
+        if x.shape[0] > NATIVE_ROWS:
+            return F.linear(x, tensors[0].to(x.dtype)) * tensors[1]
+        return torch.ops.groundup_quant.int8_mm(x, *tensors)
+    group_size = 2 * tensors[0].shape[-1] // tensors[1].shape[-1]
+    if x.shape[0] > NATIVE_ROWS:
+        return F.linear(x, torch.ops.groundup_quant.int4_dequant(*tensors, group_size))
+    if group_size % 32:
+        return None
+    return torch.ops.groundup_quant.int4_mm(x, *tensors, group_size)
+
+
+def _native_dequant_int4(qweight, scales, zeros, dtype) -> torch.Tensor | None:
+    if qweight.device.type != "cpu" or scales.dtype != torch.float32 or not _native_ready():
+        return None
+    w = torch.ops.groundup_quant.int4_dequant(qweight, scales, zeros, 2 * qweight.shape[-1] // scales.shape[-1])
+    return w.to(dtype)
+
+
 # ----------------------------------------------------------------------------- entry points
 
 
 def int8_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """x (M, K) @ dequantize(qweight (N, K) int8, scales (N,))^T -> (M, N) in x's dtype."""
     backend = backend_for(x.device)
-    y = None
+    y = _native(x, "int8", qweight, scales) if backend == "native" else None
+    if backend == "native" and y is None:
+        backend = "compiled"
     if backend == "compiled":
         if x.shape[0] <= SMALL_ROWS:
             y = _run_compiled(_int8_reduce, (x.shape[1],), x, qweight, scales)
@@ -289,7 +336,9 @@ def int4_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, ze
     `cache` (a dict the weight's owner keeps) holds the packed kernels' converted weights under `key`."""
     group_size = 2 * qweight.shape[-1] // scales.shape[-1]
     backend = backend_for(x.device)
-    y = None
+    y = _native(x, "int4", qweight, scales, zeros) if backend == "native" else None
+    if backend == "native" and y is None:
+        backend = "compiled"
     if backend == "compiled":
         if x.shape[0] <= SMALL_ROWS:
             y = _run_compiled(_int4_reduce, (x.shape[1], group_size), x, qweight, scales, zeros, group_size)
@@ -311,11 +360,16 @@ def int4_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, ze
 
 def dequantize(fmt: str, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None,
                dtype: torch.dtype) -> torch.Tensor:
-    """The float weight (compiled in one pass where the backend is `compiled`)."""
-    compiled = backend_for(qweight.device) == "compiled" and qweight.dim() == 2  # stacked experts: eagerly
+    """The float weight: int4 through the native kernel (`native`) or in one compiled pass (`compiled`)."""
+    backend = backend_for(qweight.device)
     if fmt == "int8":
-        w = _compiled_dequant_int8(qweight, scales, dtype) if compiled else None
+        w = _compiled_dequant_int8(qweight, scales, dtype) if backend == "compiled" and qweight.dim() == 2 else None
         return w if w is not None else dequantize_int8(qweight, scales, dtype)
-    w = _compiled_dequant_int4(qweight, scales, zeros, dtype) if compiled else None
+    w = None
+    if qweight.dim() == 2:  # stacked experts: eagerly
+        if backend == "native":
+            w = _native_dequant_int4(qweight, scales, zeros, dtype)
+        if backend == "compiled" or (backend == "native" and w is None):
+            w = _compiled_dequant_int4(qweight, scales, zeros, dtype)
     group_size = 2 * qweight.shape[-1] // scales.shape[-1]
     return w if w is not None else dequantize_int4(qweight, scales, zeros, group_size, dtype)

@@ -7,6 +7,13 @@
     QuantMoE         for MoE: the same routing (its router stays float), experts over stacked
                      quantized weights; a subclass of MoE, so `moe_layers()` and `update_bias` work
     QuantizedTransformer   the Transformer whose output layer, when quantized, runs the kernel
+    dequantize_model       a QuantizedTransformer back to a plain float Transformer, in place
+
+Training through a quantized layer (QLoRA: frozen integer weights, adapters in full precision):
+when the input needs a gradient, QuantLinear runs `QuantMatmul`, which keeps no float copy of the
+weight for the backward pass (dequantize-then-matmul would keep one per layer, as much memory as
+the float model) and dequantizes it again, transiently, to compute the input's gradient. The
+integer weights never get a gradient.
 
 State-dict names follow the float model's: `blocks.0.attn.qkv_proj.qweight` / `.scales` / `.zeros`
 / `.bias`, `blocks.1.mlp.experts_in.qweight`, `embed.qweight`. Buffers hold the formats of
@@ -164,8 +171,45 @@ class QuantLinear(QuantWeight):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        y = self.matmul(x.reshape(-1, shape[-1])).reshape(*shape[:-1], self.out_features)
+        rows = x.reshape(-1, shape[-1])
+        if x.requires_grad and torch.is_grad_enabled():
+            y = QuantMatmul.apply(rows, self)
+        elif rows.shape[0] <= kernels.NATIVE_ROWS and not torch.compiler.is_compiling() and \
+                (call := self._native_call(rows)) is not None:
+            y = call[0](rows, *call[1:])  # decoding: straight to the native kernel (no per-call dispatch in Python)
+        else:
+            y = self.matmul(rows)
+        y = y.reshape(*shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias.to(y.dtype)
+
+    def _native_call(self, rows: torch.Tensor) -> tuple | None:
+        """(op, tensors...) of the native kernel for these float32 CPU rows, cached until the tensors change."""
+        if rows.dtype != torch.float32 or kernels.get_kernel_backend() not in ("auto", "native"):
+            return None
+        call = self._kernel_cache.get("native", False)
+        if call is False:
+            call = None
+            if self.qweight.device.type == "cpu" and self.scales.dtype == torch.float32 and kernels._native_ready():
+                if self.fmt == "int8":
+                    call = (torch.ops.groundup_quant.int8_mm.default, self.qweight, self.scales)
+                elif self.group_size % 32 == 0:
+                    call = (torch.ops.groundup_quant.int4_mm.default, self.qweight, self.scales, self.zeros,
+                            self.group_size)
+            self._kernel_cache["native"] = call
+        return call
+
+
+class QuantMatmul(torch.autograd.Function):
+    """y = x W^T over a QuantWeight, differentiable in x only; saves nothing but the module."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: QuantWeight) -> torch.Tensor:
+        ctx.weight = weight
+        return weight.matmul(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad @ ctx.weight.dequantize(grad.dtype), None
 
 
 class QuantEmbedding(QuantWeight):
@@ -197,7 +241,9 @@ class QuantEmbedding(QuantWeight):
     def project(self, x: torch.Tensor) -> torch.Tensor:
         """x @ table^T through the kernel: the tied output layer."""
         shape = x.shape
-        return self.matmul(x.reshape(-1, shape[-1])).reshape(*shape[:-1], self.out_features)
+        rows = x.reshape(-1, shape[-1])
+        y = QuantMatmul.apply(rows, self) if x.requires_grad and torch.is_grad_enabled() else self.matmul(rows)
+        return y.reshape(*shape[:-1], self.out_features)
 
 
 # ----------------------------------------------------------------------------- MoE
@@ -293,3 +339,33 @@ class QuantizedTransformer(Transformer):
             return super()._logits(x)
         cap = self.cfg.final_logit_softcap
         return cap * torch.tanh(logits / cap) if cap else logits
+
+
+def dequantize_model(model: Transformer) -> Transformer:
+    """Replace every quantized module by its float counterpart holding the dequantized weight (in the
+    scales' dtype); the model becomes a plain Transformer (quant_spec removed). In place; returns it."""
+    for name, module in list(model.named_modules()):
+        for child_name, child in list(module.named_children()):
+            if isinstance(child, QuantLinear):
+                w = child.dequantize()
+                new = nn.Linear(child.in_features, child.out_features, bias=child.bias is not None,
+                                device=w.device, dtype=w.dtype)
+                with torch.no_grad():
+                    new.weight.copy_(w)
+                    if child.bias is not None:
+                        new.bias.copy_(child.bias)
+                setattr(module, child_name, new)
+            elif isinstance(child, QuantEmbedding):
+                w = child.dequantize()
+                setattr(module, child_name, nn.Embedding.from_pretrained(w, freeze=False))
+        if isinstance(module, QuantMoE):
+            for leaf in ("experts_in", "experts_out"):
+                w = getattr(module, leaf).dequantize()
+                delattr(module, leaf)
+                setattr(module, leaf, nn.Parameter(w))
+            module.__class__ = MoE
+    if isinstance(model, QuantizedTransformer):
+        model.__class__ = Transformer
+    if hasattr(model, "quant_spec"):
+        del model.quant_spec
+    return model
