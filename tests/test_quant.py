@@ -369,6 +369,17 @@ def test_quantize_verb_writes_a_model_directory_the_engine_runs(cli_dirs, capsys
         assert Generator(model, small_tokenizer()).generate("To be", max_new_tokens=4, temperature=0)
 
 
+def test_gptq_calibrates_on_the_embedded_corpus_by_default(cli_dirs, capsys):
+    from groundup.quant.calibration import embedded_records
+
+    first = [r["domain"] for r in itertools.islice(embedded_records(), 6)]
+    assert first == ["text", "code", "math"] * 2  # every domain in the first tokens
+    code, out, err = _cli(capsys, "--checkpoint", cli_dirs / "model", "--method", "gptq", "--group-size", 32,
+                          "--calibration-tokens", 1024, "--seq-len", 128, "--out", cli_dirs / "q-default")
+    assert code == 0, err
+    assert load_quantized_model(cli_dirs / "q-default").quant_spec.calibration_tokens == 1024
+
+
 def test_quantize_verb_refuses_bad_input_by_name(cli_dirs, capsys):
     model = cli_dirs / "model"
     assert _cli(capsys, "--checkpoint", model, "--method", "int8", "--out", cli_dirs / "q8")[0] == 0

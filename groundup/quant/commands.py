@@ -26,7 +26,8 @@ def quantize_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bits", type=int, default=None, help="4 or 8 (gptq; default 4); implied by int8 / int4")
     p.add_argument("--group-size", type=int, default=None, help="4-bit group size: 32, 64 or 128 (default: 128)")
     p.add_argument("--calibration", nargs="+", default=None, metavar="FILES",
-                   help="gptq: text records (JSONL, Parquet, text files or directories) to calibrate on")
+                   help="gptq: text records (JSONL, Parquet, text files or directories) to calibrate on "
+                        "(default: a slice of the embedded corpus, its three domains interleaved)")
     p.add_argument("--calibration-tokens", type=int, default=DEFAULT_TOKENS,
                    help=f"gptq: use the first N tokens of the calibration text (default: {DEFAULT_TOKENS}; "
                         f"at least {MIN_TOKENS})")
@@ -71,8 +72,6 @@ def quantize(args: argparse.Namespace) -> int:
 
     # Everything a user can get wrong is checked before the model is read.
     spec = QuantSpec.make(args.method, args.bits, args.group_size, args.act_order, args.include_embeddings)
-    if spec.method == "gptq" and not args.calibration:
-        raise ConfigError("--method gptq needs --calibration FILES: text records to calibrate on", key="calibration")
     if spec.method != "gptq" and args.calibration:
         raise ConfigError(f"--calibration applies to --method gptq only, not {spec.method}", key="calibration")
     device = resolve_device(args.device)
