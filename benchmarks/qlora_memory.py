@@ -1,4 +1,4 @@
-"""Peak memory of LoRA fine-tuning over an fp32 base against int8 and int4 (QLoRA) bases of the same model.
+"""Peak memory of LoRA fine-tuning over an fp32 base against full fine-tuning and int8 and int4 (QLoRA) bases.
 
     .venv/bin/python benchmarks/qlora_memory.py [--batch 2] [--seq-len 128] [--rank 16] [--steps 2]
 
@@ -9,7 +9,8 @@ Then, inside groundup.plan.measure.track_peak (c10's process-wide CPU allocation
 and MLP, as `groundup sft lora.rank=...` applies them), an AdamW over the adapters, and takes --steps
 training steps (forward, backward, optimizer step) on fixed random tokens. Reported per base: the peak
 of live tensor bytes, the bytes live after loading (the base's weights), the step's peak above that,
-the adapter's size and the losses. One more row, "int4, float copy kept for backward", is the same
+the adapter's size and the losses. "full fine-tuning (fp32)" trains every parameter of the same fp32
+base with the same AdamW (gradients and two moments for all of them), what LoRA saves. One more row, "int4, float copy kept for backward", is the same
 int4 base trained through a plain dequantize-then-F.linear (what autograd does without QuantMatmul:
 every layer's float weight saved for the backward pass) to show what the custom backward saves.
 Prints one JSON object.
@@ -52,7 +53,8 @@ def train(model_dir: Path, tokens: torch.Tensor, rank: int, steps: int, naive: b
                 model = load_model(model_dir).train()
             with span("steps"):
                 torch.manual_seed(0)
-                apply_lora(model, LoraConfig(rank=rank, alpha=2 * rank))
+                if rank:
+                    apply_lora(model, LoraConfig(rank=rank, alpha=2 * rank))
                 opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
                 for _ in range(steps):
                     loss = model(tokens[:, :-1], tokens[:, 1:]).loss
@@ -60,7 +62,7 @@ def train(model_dir: Path, tokens: torch.Tensor, rank: int, steps: int, naive: b
                     opt.step()
                     opt.zero_grad(set_to_none=True)
                     losses.append(round(float(loss), 5))
-            adapter = sum(t.numel() * t.element_size() for t in adapter_state(model).values())
+            adapter = sum(t.numel() * t.element_size() for t in adapter_state(model).values()) if rank else 0
             del model, opt, loss
     finally:
         QuantLinear.forward = original
@@ -92,10 +94,12 @@ def main() -> int:
             quantize_model(m, method.split("-")[0], **options)
             save_quantized_model(m, root / method)
         del base, m
-        for name, path, naive in (("fp32", "fp32", False), ("int8", "int8", False), ("int4-g128", "int4-g128", False),
+        for name, path, naive in (("fp32", "fp32", False), ("full fine-tuning (fp32)", "fp32", False),
+                                  ("int8", "int8", False), ("int4-g128", "int4-g128", False),
                                   ("int4-g128, float copy kept for backward", "int4-g128", True)):
             print(f"{name} ...", file=sys.stderr, flush=True)
-            rows[name], losses = train(root / path, tokens, args.rank, args.steps, naive)
+            rank = 0 if name.startswith("full") else args.rank
+            rows[name], losses = train(root / path, tokens, rank, args.steps, naive)
             rows[name]["losses"] = losses
             rows[name]["files_mb"] = round(sum(f.stat().st_size for f in (root / path).iterdir()) / 1e6, 1)
     fp32 = rows["fp32"]["peak_mb"]
