@@ -51,39 +51,8 @@ class MoE(nn.Module):
         return chosen, weights, probs
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        shape = x.shape
-        x = x.reshape(-1, shape[-1])
-        chosen, weights, probs = self.route(x)
-        flat = chosen.reshape(-1)
-        counts = torch.bincount(flat, minlength=self.n_experts)
-        order = torch.argsort(flat, stable=True)  # group the (token, slot) pairs by expert
-        token_of = order // self.top_k
-        xs = x[token_of]
-        out = torch.empty_like(xs)
-        start = 0
-        for e, n in enumerate(counts.tolist()):
-            if n == 0:
-                continue
-            h = xs[start : start + n] @ self.experts_in[e].t()
-            if self.gated:
-                gate, up = h.chunk(2, dim=-1)
-                h = activation(self.kind, gate) * up
-            else:
-                h = activation(self.kind, h)
-            out[start : start + n] = h @ self.experts_out[e].t()
-            start += n
-        gate_w = weights.reshape(-1)[order].to(out.dtype).unsqueeze(-1)
-        y = torch.zeros_like(x).index_add_(0, token_of, out * gate_w)
-        if self.shared is not None:
-            y = y + self.shared(x)
-        aux = x.new_zeros((), dtype=torch.float32)
-        if self.training:
-            with torch.no_grad():
-                self.load += counts.to(self.load.dtype)
-            if self.aux_loss_coef:
-                share = counts.float() / flat.numel()
-                aux = self.aux_loss_coef * self.n_experts * (share * probs.mean(dim=0)).sum()
-        return y.reshape(shape), aux
+        return moe_forward(self, x, lambda e, rows: rows @ self.experts_in[e].t(),
+                           lambda e, rows: rows @ self.experts_out[e].t())
 
     @torch.no_grad()
     def update_bias(self, rate: float, load: torch.Tensor | None = None) -> torch.Tensor:
@@ -102,3 +71,42 @@ def load_imbalance(load: torch.Tensor) -> float:
     """max/mean of per-expert token counts: 1.0 is perfectly balanced."""
     load = load.float()
     return float(load.max() / load.mean().clamp_min(1e-9))
+
+
+def moe_forward(moe: MoE, x: torch.Tensor, mm_in, mm_out) -> tuple[torch.Tensor, torch.Tensor]:
+    """The MoE layer's computation with the expert matmuls as callables `mm(e, rows) -> rows @ W_e^T`
+    (float weights here; quantized ones in quant/modules.py): route, group the (token, slot) pairs by
+    expert, run each expert on its rows, weight and scatter back, add the shared experts."""
+    shape = x.shape
+    x = x.reshape(-1, shape[-1])
+    chosen, weights, probs = moe.route(x)
+    flat = chosen.reshape(-1)
+    counts = torch.bincount(flat, minlength=moe.n_experts)
+    order = torch.argsort(flat, stable=True)
+    token_of = order // moe.top_k
+    xs = x[token_of]
+    out = torch.empty_like(xs)
+    start = 0
+    for e, n in enumerate(counts.tolist()):
+        if n == 0:
+            continue
+        h = mm_in(e, xs[start : start + n])
+        if moe.gated:
+            gate, up = h.chunk(2, dim=-1)
+            h = activation(moe.kind, gate) * up
+        else:
+            h = activation(moe.kind, h)
+        out[start : start + n] = mm_out(e, h)
+        start += n
+    gate_w = weights.reshape(-1)[order].to(out.dtype).unsqueeze(-1)
+    y = torch.zeros_like(x).index_add_(0, token_of, out * gate_w)
+    if moe.shared is not None:
+        y = y + moe.shared(x)
+    aux = x.new_zeros((), dtype=torch.float32)
+    if moe.training:
+        with torch.no_grad():
+            moe.load += counts.to(moe.load.dtype)
+        if moe.aux_loss_coef:
+            share = counts.float() / flat.numel()
+            aux = moe.aux_loss_coef * moe.n_experts * (share * probs.mean(dim=0)).sum()
+    return y.reshape(shape), aux

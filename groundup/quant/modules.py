@@ -26,8 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from groundup.model.mlp import activation
-from groundup.model.moe import MoE
+from groundup.model.moe import MoE, moe_forward
 from groundup.model.transformer import Transformer
 from groundup.quant import kernels
 from groundup.quant.formats import (dequantize_int4, dequantize_int8, pack_int4, quantize_int4,
@@ -247,47 +246,6 @@ class QuantEmbedding(QuantWeight):
 
 
 # ----------------------------------------------------------------------------- MoE
-
-
-def moe_forward(moe: MoE, x: torch.Tensor, mm_in, mm_out) -> tuple[torch.Tensor, torch.Tensor]:
-    """MoE.forward with the expert matmuls as callables `mm(e, rows) -> rows @ W_e^T`.
-
-    The same steps as groundup/model/moe.py (route, group the (token, slot) pairs by expert, run
-    each expert on its rows, weight and scatter back, add the shared experts); tests check the
-    two agree with float weights."""
-    shape = x.shape
-    x = x.reshape(-1, shape[-1])
-    chosen, weights, probs = moe.route(x)
-    flat = chosen.reshape(-1)
-    counts = torch.bincount(flat, minlength=moe.n_experts)
-    order = torch.argsort(flat, stable=True)
-    token_of = order // moe.top_k
-    xs = x[token_of]
-    out = torch.empty_like(xs)
-    start = 0
-    for e, n in enumerate(counts.tolist()):
-        if n == 0:
-            continue
-        h = mm_in(e, xs[start : start + n])
-        if moe.gated:
-            gate, up = h.chunk(2, dim=-1)
-            h = activation(moe.kind, gate) * up
-        else:
-            h = activation(moe.kind, h)
-        out[start : start + n] = mm_out(e, h)
-        start += n
-    gate_w = weights.reshape(-1)[order].to(out.dtype).unsqueeze(-1)
-    y = torch.zeros_like(x).index_add_(0, token_of, out * gate_w)
-    if moe.shared is not None:
-        y = y + moe.shared(x)
-    aux = x.new_zeros((), dtype=torch.float32)
-    if moe.training:
-        with torch.no_grad():
-            moe.load += counts.to(moe.load.dtype)
-        if moe.aux_loss_coef:
-            share = counts.float() / flat.numel()
-            aux = moe.aux_loss_coef * moe.n_experts * (share * probs.mean(dim=0)).sum()
-    return y.reshape(shape), aux
 
 
 class QuantMoE(MoE):
