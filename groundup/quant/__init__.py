@@ -17,7 +17,8 @@ from groundup.quant.io import is_quantized, load_quantized_model, read_quant_spe
 from groundup.quant.kernels import get_kernel_backend, set_kernel_backend
 from groundup.quant.modules import (QuantEmbedding, QuantizedTransformer, QuantLinear, QuantMoE, QuantWeight,
                                     dequantize_model)
-from groundup.quant.quantize import LayerReport, QuantizeReport, quantize_model
+from groundup.quant.quantize import quantize_model
+from groundup.quant.units import LayerReport, QuantizeReport
 from groundup.quant.spec import METHODS, QuantSpec
 
 __all__ = ["LayerReport", "METHODS", "QuantEmbedding", "QuantLinear", "QuantMoE", "QuantSpec", "QuantWeight",
