@@ -34,16 +34,13 @@ def _shard_tokenizer(shard_dir: Path, index: dict, tokenizer):
             raise DataError(f"{shard_dir}: token shards were made by tokenizer {index.get('tokenizer_hash')}, "
                             f"not by the given one ({tok.hash})")
         return tok
-    named = index.get("tokenizer")
-    for path in ([Path(named), shard_dir / named] if named else []):
-        try:
-            found = load_tokenizer(path)
-        except DataError:
-            continue
-        if found.hash == index.get("tokenizer_hash"):
-            return found
-    raise DataError(f"{shard_dir}: the tokenizer that made these shards ({named or 'unnamed'}) was not found; "
-                    "pass it with --tokenizer")
+    from groundup.tokens.shards import shards_tokenizer
+
+    found = shards_tokenizer(shard_dir, index)
+    if found is None:
+        raise DataError(f"{shard_dir}: the tokenizer that made these shards ({index.get('tokenizer') or 'unnamed'}) "
+                        "was not found; pass it with --tokenizer")
+    return found
 
 
 def _shard_texts(shard_dir: Path, tokenizer) -> Iterator[tuple[str, str]]:

@@ -31,19 +31,11 @@ from groundup.tokens.loader import IGNORE_INDEX, TokenLoader
 
 def _token_bytes(tokenizer, index: dict, shard_dir: Path) -> np.ndarray | None:
     """UTF-8 bytes per token id, from the given tokenizer or the one the shards' index names (if found)."""
-    from groundup.errors import DataError
-    from groundup.tokenizer import load_tokenizer
+    from groundup.tokens.shards import shards_tokenizer
 
     if tokenizer is None:
-        named = index.get("tokenizer")
-        for path in ([Path(named), shard_dir / named] if named else []):
-            try:
-                found = load_tokenizer(path)
-            except DataError:
-                continue
-            if found.hash == index.get("tokenizer_hash"):
-                return found.token_bytes()
-        return None
+        found = shards_tokenizer(shard_dir, index)
+        return None if found is None else found.token_bytes()
     return tokenizer.token_bytes()
 
 

@@ -235,3 +235,20 @@ def document_ids(files: list[ShardFile], docs: list[int]) -> list[str]:
                 lines = fh.readlines()
             found.update({d: json.loads(lines[d - f.first_doc]) for d in hits})
     return [found.get(d, f"#{d}") for d in docs]
+
+
+def shards_tokenizer(shard_dir: Path, index: dict):
+    """The tokenizer the shards' index names (as given, or relative to the shards), if it is found and
+    its hash is the one the shards were made with; else None."""
+    from groundup.errors import DataError
+    from groundup.tokenizer import load_tokenizer
+
+    named = index.get("tokenizer")
+    for path in ([Path(named), Path(shard_dir) / named] if named else []):
+        try:
+            found = load_tokenizer(path)
+        except DataError:
+            continue
+        if found.hash == index.get("tokenizer_hash"):
+            return found
+    return None
