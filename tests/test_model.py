@@ -39,6 +39,26 @@ def test_prefill_then_decode_equals_full_forward(variant):
     assert (torch.cat(steps, dim=1) - full).abs().max() <= 1e-5
 
 
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_last_only_prefill_gives_the_last_logits_and_the_same_cache(variant):
+    """last_only runs the last layer's queries and MLP on one position: the logits, and the keys and
+    values every later step reads, must be those of the full forward (left-padded rows too)."""
+    cfg = tiny_config(**VARIANTS[variant])
+    model = Transformer(cfg).eval()
+    tokens = torch.randint(0, 256, (2, 11))
+    pad = torch.tensor([3, 0])
+    nxt = torch.randint(0, 256, (2, 1))
+    with torch.no_grad():
+        full = model(tokens).logits
+        assert (model(tokens, last_only=True).logits[:, 0] - full[:, -1]).abs().max() <= 1e-5
+        caches = [KVCache(cfg, batch_size=2, max_len=16, pad_lens=pad) for _ in range(2)]
+        whole = model(tokens, cache=caches[0]).logits
+        last = model(tokens, cache=caches[1], last_only=True).logits
+        assert last.shape[1] == 1 and (last[:, 0] - whole[:, -1]).abs().max() <= 1e-5
+        steps = [model(nxt, cache=c).logits for c in caches]
+    assert (steps[0] - steps[1]).abs().max() <= 1e-5
+
+
 @pytest.mark.parametrize("variant", ["gqa", "mla", "moe"])
 def test_left_padded_rows_decode_as_if_alone(variant):
     cfg = tiny_config(**VARIANTS[variant])

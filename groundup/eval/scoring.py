@@ -139,6 +139,41 @@ def _scores(model, tokens: torch.Tensor, targets: torch.Tensor, cache: KVCache, 
     return stats.logprobs.double().sum(dim=1).cpu(), flags.cpu()
 
 
+def _passes(lengths: Sequence[int], budget: int, max_rows: int, pass_cost: int, extra: int = 0,
+            max_tokens: int | None = None) -> list[tuple[int, int]]:
+    """Split rows sorted longest first into passes [start, end), each padded to its first row's length.
+
+    A pass costs about `pass_cost` token positions more than its padded rows (reading every weight
+    once), so the split minimises sum(pass_cost + rows x first length) by dynamic programming under
+    the limits: at most `max_rows` rows and `budget` padded positions a pass (and rows x (length +
+    extra) <= max_tokens, the attention cache). Grouping long rows with short ones wastes padding;
+    too many small passes waste weight reads."""
+    n = len(lengths)
+    best = [0.0] + [float("inf")] * n
+    start_of = [0] * (n + 1)
+    for end in range(1, n + 1):
+        for start in range(end - 1, max(-1, end - 1 - max_rows), -1):
+            rows, width = end - start, max(1, lengths[start])
+            if rows > 1 and (rows * width > budget
+                             or (max_tokens is not None and rows * (width + extra) > max_tokens)):
+                break  # more rows only add to the first row's width
+            cost = best[start] + pass_cost + rows * width
+            if cost < best[end]:
+                best[end], start_of[end] = cost, start
+    out, end = [], n
+    while end:
+        out.append((start_of[end], end))
+        end = start_of[end]
+    return out[::-1]
+
+
+def _pass_cost(model) -> int:
+    """Token positions one extra forward pass is worth: on a CPU a pass reads every weight once,
+    about what 50 more positions cost (measured for a 4M-parameter model at batch 1 against 32);
+    accelerators are far more starved by small passes."""
+    return 48 if model.device.type == "cpu" else 512
+
+
 def _prefill(model, encoded: Sequence[Encoded], groups: list[tuple[int, int, list[int]]], batch_size: int,
              pad_id: int, greedy: bool):
     """Each group's shared prefix in the KV cache, right-aligned in buffers of the longest prefix
@@ -154,10 +189,10 @@ def _prefill(model, encoded: Sequence[Encoded], groups: list[tuple[int, int, lis
     shared_lp = torch.zeros(len(groups), dtype=torch.float64)
     shared_greedy = torch.ones(len(groups), dtype=torch.bool)
     budget = batch_size * max(1, sum(g[0] for g in groups) // len(groups))
-    s = 0
-    while s < len(groups) and groups[s][0]:
+    prefixes = [g[0] for g in groups if g[0]]
+    for s, end in _passes(prefixes, budget, 4 * batch_size, _pass_cost(model)):
         width = groups[s][0]
-        part = groups[s: s + max(1, min(4 * batch_size, budget // width))]
+        part = groups[s: end]
         scored = max(shared for _, shared, _ in part)  # the last `scored` columns are scored
         pads = torch.tensor([width - prefix for prefix, _, _ in part], device=device)
         ids = torch.full((len(part), width), pad_id, dtype=torch.long)
@@ -178,7 +213,6 @@ def _prefill(model, encoded: Sequence[Encoded], groups: list[tuple[int, int, lis
         for mine, theirs in zip(store.layers, cache.layers):  # RoPE positions count from each row's first
             for a, b in ((mine.a, theirs.a), (mine.b, theirs.b)):  # real token: shifting right is exact
                 a.narrow(0, s, len(part)).narrow(mine.seq_dim, P - width, width).copy_(b)
-        s += len(part)
     return [(layer.a, layer.b) for layer in store.layers], shared_lp, shared_greedy
 
 
@@ -226,13 +260,11 @@ def _score_span(model, encoded, groups, batch_size: int, max_tokens: int, pad_id
                   key=lambda r: -_row_length(encoded, groups[r[0]][0], r[1]))
     lengths = [_row_length(encoded, groups[g][0], i) for g, i in rows]
     budget = batch_size * max(1, sum(lengths) // len(lengths))
-    out, s = [], 0
-    while s < len(rows):
-        n = max(1, min(4 * batch_size, budget // max(1, lengths[s]), max_tokens // max(1, P + lengths[s])))
-        out += _score_rows(model, encoded, groups, rows[s: s + n], prefilled, pad_id, greedy)
+    out = []
+    for s, end in _passes(lengths, budget, 4 * batch_size, _pass_cost(model), extra=P, max_tokens=max_tokens):
+        out += _score_rows(model, encoded, groups, rows[s: end], prefilled, pad_id, greedy)
         if progress is not None:
-            progress(len(rows[s: s + n]))
-        s += n
+            progress(end - s)
     return out
 
 

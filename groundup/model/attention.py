@@ -49,6 +49,13 @@ def build_mask(q_len: int, start: int, pad_lens: torch.Tensor | None, device: to
     return AttnMask(causal=False, mask=mask[:, None])
 
 
+def last_query(mask: AttnMask, cos: torch.Tensor, sin: torch.Tensor) -> tuple[AttnMask, torch.Tensor, torch.Tensor]:
+    """The mask and RoPE tables of the last query position alone (keys keep every position)."""
+    if mask.mask is not None:
+        return AttnMask(causal=False, mask=mask.mask[..., -1:, :]), cos[..., -1:, :], sin[..., -1:, :]
+    return AttnMask(causal=False), cos[..., -1:, :], sin[..., -1:, :]  # the last query sees every key
+
+
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttnMask, scale: float,
            softcap: float = 0.0, dropout: float = 0.0) -> torch.Tensor:
     """softmax(q k^T * scale) v for q (B, H, Tq, D) and k, v (B, Hkv, Tk, D) with Hkv dividing H."""
@@ -129,16 +136,24 @@ class Attention(nn.Module):
             self.q_norm = self.k_norm = None
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: AttnMask,
-                cache=None) -> torch.Tensor:
+                cache=None, last_only: bool = False) -> torch.Tensor:
+        """(B, T, d_model), or (B, 1, d_model) with `last_only`: keys and values of every position
+        (and the cache) as usual, the output of the last query alone."""
         B, T, _ = x.shape
         H, K, D = self.n_heads, self.n_kv_heads, self.head_dim
         q, k, v = self.qkv_proj(x).split([H * D, K * D, K * D], dim=-1)
-        q = q.view(B, T, H, D).transpose(1, 2)
         k = k.view(B, T, K, D).transpose(1, 2)
         v = v.view(B, T, K, D).transpose(1, 2)
+        if self.k_norm is not None:
+            k = self.k_norm(k)
+        k = apply_rope(k, cos, sin)
+        if last_only:
+            q, T = q[:, -1:], 1
+            mask, cos, sin = last_query(mask, cos, sin)
+        q = q.reshape(B, T, H, D).transpose(1, 2)
         if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            q = self.q_norm(q)
+        q = apply_rope(q, cos, sin)
         if cache is not None:
             k, v = cache.update(k, v)
         dropout = self.dropout if self.training else 0.0

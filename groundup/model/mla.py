@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from groundup.model.attention import AttnMask, attend
+from groundup.model.attention import AttnMask, attend, last_query
 from groundup.model.config import ModelConfig
 from groundup.model.norm import RMSNorm
 from groundup.model.rope import apply_rope
@@ -51,20 +51,25 @@ class MLAttention(nn.Module):
         return self.q_up(self.q_norm(self.q_down(x)))
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: AttnMask,
-                cache=None) -> torch.Tensor:
+                cache=None, last_only: bool = False) -> torch.Tensor:
+        """(B, T, d_model), or (B, 1, d_model) with `last_only` (the last query alone)."""
         B, T, _ = x.shape
         H = self.n_heads
-        q = self._queries(x).view(B, T, H, self.nope + self.rope).transpose(1, 2)
-        q_nope, q_pe = q.split([self.nope, self.rope], dim=-1)
-        q_pe = apply_rope(q_pe, cos, sin)
         c_kv, k_pe = self.kv_down(x).split([self.rank, self.rope], dim=-1)
         c_kv = self.kv_norm(c_kv)
         k_pe = apply_rope(k_pe.unsqueeze(1), cos, sin)  # (B, 1, T, rope): one RoPE key for all heads
+        Tk = T
+        if last_only:
+            x, T = x[:, -1:], 1
+            mask, cos, sin = last_query(mask, cos, sin)
+        q = self._queries(x).view(B, T, H, self.nope + self.rope).transpose(1, 2)
+        q_nope, q_pe = q.split([self.nope, self.rope], dim=-1)
+        q_pe = apply_rope(q_pe, cos, sin)
         dropout = self.dropout if self.training else 0.0
         if cache is None:
-            kv = self.kv_up(c_kv).view(B, T, H, self.nope + self.v_dim).transpose(1, 2)
+            kv = self.kv_up(c_kv).view(B, Tk, H, self.nope + self.v_dim).transpose(1, 2)
             k_nope, v = kv.split([self.nope, self.v_dim], dim=-1)
-            k = torch.cat([k_nope, k_pe.expand(B, H, T, self.rope)], dim=-1)
+            k = torch.cat([k_nope, k_pe.expand(B, H, Tk, self.rope)], dim=-1)
             y = attend(torch.cat([q_nope, q_pe], dim=-1), k, v, mask, self.scale, self.softcap, dropout)
         else:
             c_all, pe_all = cache.update(c_kv, k_pe.squeeze(1))  # (B, L, rank), (B, L, rope)

@@ -61,15 +61,18 @@ class Block(nn.Module):
         out = self.mlp(x)
         return out if isinstance(out, tuple) else (out, None)
 
-    def forward(self, x, cos, sin, mask: AttnMask, cache=None):
+    def forward(self, x, cos, sin, mask: AttnMask, cache=None, last_only: bool = False):
+        """`last_only`: every position's keys and values, the output of the last position alone (a
+        prefill's last layer: attention's queries, its output projection and the MLP run on one row)."""
         if self.placement == "post":  # original Transformer: normalise after the residual add
-            x = self.attn_norm(x + self.dropout(self.attn(x, cos, sin, mask, cache)))
+            a = self.attn(x, cos, sin, mask, cache, last_only=last_only)
+            x = self.attn_norm((x[:, -1:] if last_only else x) + self.dropout(a))
             h, aux = self._mlp(x)
             return self.mlp_norm(x + self.dropout(h)), aux
-        a = self.attn(self.attn_norm(x), cos, sin, mask, cache)
+        a = self.attn(self.attn_norm(x), cos, sin, mask, cache, last_only=last_only)
         if self.placement == "sandwich":
             a = self.attn_post_norm(a)
-        x = x + self.dropout(a)
+        x = (x[:, -1:] if last_only else x) + self.dropout(a)
         h, aux = self._mlp(self.mlp_norm(x))
         if self.placement == "sandwich":
             h = self.mlp_post_norm(h)
@@ -187,12 +190,13 @@ class Transformer(nn.Module):
         else:
             mask = cache.attn_mask(T) if cache is not None else build_mask(T, start, pad_lens, tokens.device)
         aux_total = None
+        last = len(self.blocks) - 1
         for i, block in enumerate(self.blocks):
             layer_cache = cache.layers[i] if cache is not None else None
             if self.grad_checkpointing and self.training:
                 x, aux = checkpoint(block, x, cos, sin, mask, layer_cache, use_reentrant=False)
-            else:
-                x, aux = block(x, cos, sin, mask, layer_cache)
+            else:  # last_only: the last layer's queries and MLP run on the last position alone
+                x, aux = block(x, cos, sin, mask, layer_cache, last_only=last_only and i == last)
             if aux is not None:
                 aux_total = aux if aux_total is None else aux_total + aux
         if cache is not None:
