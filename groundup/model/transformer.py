@@ -24,7 +24,7 @@ from groundup.model.attention import AttnMask, Attention, build_mask
 from groundup.model.config import ModelConfig
 from groundup.model.kv_cache import KVCache
 from groundup.model.logprobs import TokenStats, chunked_logprobs, chunked_token_stats
-from groundup.model.loss import cross_entropy_with_z, fused_linear_cross_entropy
+from groundup.model.loss import IGNORE_INDEX, cross_entropy_with_z, fused_linear_cross_entropy
 from groundup.model.mla import MLAttention
 from groundup.model.mlp import MLP
 from groundup.model.moe import MoE
@@ -221,7 +221,14 @@ class Transformer(nn.Module):
         flat_x, flat_t = x.reshape(-1, D), targets.reshape(-1)
         cap, chunk = self.cfg.final_logit_softcap, self.cfg.loss_chunk_size or 2048
         if score == "logprobs":
-            return ModelOutput(logprobs=chunked_logprobs(flat_x, self.output_weight, flat_t, cap, chunk).view(B, T))
+            valid = flat_t != IGNORE_INDEX
+            if torch.compiler.is_compiling() or bool(valid.all()):
+                return ModelOutput(logprobs=chunked_logprobs(flat_x, self.output_weight, flat_t, cap, chunk).view(B, T))
+            # Only the scored positions reach the output layer (padding, prompts and a cached row's context
+            # never do): the (positions x vocabulary) product is the largest matmul of a small model.
+            idx = valid.nonzero().squeeze(1)
+            lp = chunked_logprobs(flat_x.index_select(0, idx), self.output_weight, flat_t.index_select(0, idx), cap, chunk)
+            return ModelOutput(logprobs=lp.new_zeros(B * T).index_copy(0, idx, lp).view(B, T))
         if score == "stats":
             st = chunked_token_stats(flat_x, self.output_weight, flat_t, cap, chunk, top_k, vocab_limit)
             shaped = {k: v.view(B, T, *v.shape[1:]) if v is not None else None for k, v in vars(st).items()}
