@@ -319,3 +319,22 @@ def test_malformed_groundup_metadata_is_a_data_error(tok, tmp_path):
     (tmp_path / "t" / TOKENIZER_FILE).write_bytes(b"\xff\xfe{}")
     with pytest.raises(DataError, match="tokenizer.json: not UTF-8 text"):
         Tokenizer.load(tmp_path / "t")
+
+
+def test_a_process_connected_to_ray_spawns_its_tokenizer_workers(monkeypatch):
+    """Forking a process that holds Ray's client threads can hang the child on a lock one of them
+    held; such a process spawns its workers, which encode exactly as fork's do."""
+    import sys
+    import types
+
+    from groundup.tokenizer.parallel import map_batches, start_context
+
+    assert start_context().get_start_method() == "fork"
+    monkeypatch.setitem(sys.modules, "ray", types.SimpleNamespace(is_initialized=lambda: False))
+    assert start_context().get_start_method() == "fork"  # imported, not connected: no threads yet
+    monkeypatch.setitem(sys.modules, "ray", types.SimpleNamespace(is_initialized=lambda: True))
+    assert start_context().get_start_method() == "spawn"
+    texts = ["Some text, 123 and more.", "def f(x):\n    return x", "ROMEO. But soft!", "17 + 14 = 31"]
+    tok = train_tokenizer(texts * 4, TokenizerConfig(vocab_size=300), progress=False)
+    got = [a.tolist() for arrays in map_batches(tok, [texts[:3], texts[3:]], workers=2) for a in arrays]
+    assert got == [tok.encode(t) for t in texts]

@@ -16,6 +16,7 @@ from __future__ import annotations
 import collections
 import multiprocessing
 import os
+import sys
 from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
@@ -42,6 +43,18 @@ def default_workers() -> int:
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
 
 
+def start_context():
+    """How worker processes start. fork starts one in milliseconds (spawn takes about a second, longer
+    than encoding the whole embedded corpus), but a process connected to Ray carries its client's
+    threads, and a child forked while one of them holds a lock can wait on it forever: such a process
+    spawns. The initializer passes the tokenizer, which both backends pickle as the parts they are
+    rebuilt from, so spawn works too."""
+    ray = sys.modules.get("ray")
+    ray_connected = ray is not None and getattr(ray, "is_initialized", lambda: False)()
+    fork = "fork" in multiprocessing.get_all_start_methods() and not ray_connected
+    return multiprocessing.get_context("fork" if fork else "spawn")
+
+
 def map_batches(tok: BaseTokenizer, batches: Iterable[list[str]],
                 fn: Callable[[BaseTokenizer, list[str]], Any] = encode_arrays,
                 workers: int = 0) -> Iterator[Any]:
@@ -52,12 +65,7 @@ def map_batches(tok: BaseTokenizer, batches: Iterable[list[str]],
         for batch in batches:
             yield fn(tok, batch)
         return
-    # fork starts a worker in milliseconds (spawn takes about a second, longer than encoding the
-    # whole embedded corpus); the initializer passes the tokenizer, which both backends pickle as
-    # the parts they are rebuilt from, so spawn works too.
-    methods = multiprocessing.get_all_start_methods()
-    ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
-    with ctx.Pool(workers, initializer=_init, initargs=(tok,)) as pool:
+    with start_context().Pool(workers, initializer=_init, initargs=(tok,)) as pool:
         pending: collections.deque = collections.deque()
         for batch in batches:
             pending.append(pool.apply_async(_call, (fn, batch)))
