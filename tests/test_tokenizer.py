@@ -335,6 +335,6 @@ def test_a_process_connected_to_ray_spawns_its_tokenizer_workers(monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", types.SimpleNamespace(is_initialized=lambda: True))
     assert start_context().get_start_method() == "spawn"
     texts = ["Some text, 123 and more.", "def f(x):\n    return x", "ROMEO. But soft!", "17 + 14 = 31"]
-    tok = train_tokenizer(texts * 4, TokenizerConfig(vocab_size=300), progress=False)
-    got = [a.tolist() for arrays in map_batches(tok, [texts[:3], texts[3:]], workers=2) for a in arrays]
-    assert got == [tok.encode(t) for t in texts]
+    trained = train_tokenizer(texts * 4, TokenizerConfig(vocab_size=300), progress=False)
+    got = [a.tolist() for arrays in map_batches(trained, [texts[:3], texts[3:]], workers=2) for a in arrays]
+    assert got == [trained.encode(t) for t in texts]
