@@ -121,6 +121,35 @@ def test_grpo_with_lora_uses_the_base_as_reference(setup, tmp_path, monkeypatch)
     assert (tmp_path / "run" / "checkpoints" / "step_0000002" / "adapter_model.safetensors").is_file()
 
 
+def test_log_probabilities_are_those_of_the_sampling_temperature(setup):
+    """TRL divides the logits by the sampling temperature for the policy, old and reference
+    log-probabilities alike: sampled at T 0.7, the old and reference log-probs of a batch are
+    log_softmax(logits / 0.7) of a plain forward, so the first pass's ratio is 1 and its KL 0."""
+    import copy
+
+    from groundup.posttrain.config import GRPOSection
+    from groundup.posttrain.grpo import GRPOObjective
+    from groundup.posttrain.rollout import RolloutLoader, read_prompts
+
+    tok, model = small_tokenizer(), tiny_model(max_seq_len=128, init_std=0.2)
+    prompts, _, _ = read_prompts([setup / "prompts.jsonl"], tok, 120)
+    section = GRPOSection(group_size=4, prompts_per_batch=2, max_new_tokens=8, temperature=0.7, beta=0.04,
+                          rewards=["reward_helpers:has_e"])
+    loader = RolloutLoader(prompts, section, load_rewards(section.rewards), tok)
+    loader.bind(model, copy.deepcopy(model))
+    batch = next(loader)
+    valid = batch.targets != -100
+    with torch.no_grad():
+        logits = model(batch.inputs).logits
+    gather = lambda lp: lp.gather(-1, batch.targets.clamp_min(0)[..., None]).squeeze(-1)[valid]  # noqa: E731
+    tempered = gather(torch.log_softmax(logits / 0.7, dim=-1))
+    assert torch.allclose(batch.old_logps[valid], tempered, atol=1e-4)
+    assert torch.allclose(batch.ref_logps[valid], tempered, atol=1e-4)
+    assert (gather(torch.log_softmax(logits, dim=-1)) - tempered).abs().max() > 0.05  # T 1 would differ
+    out = GRPOObjective(section, rewards=load_rewards(section.rewards), tokenizer=tok)(model, batch, "cpu")
+    assert float(out.metrics["clip_fraction"]) == 0 and float(out.metrics["kl"]) == pytest.approx(0, abs=1e-6)
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _reward_module(tmp_path_factory):
     """A user's reward module on the path: one real reward, one that fails now and then."""

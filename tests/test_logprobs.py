@@ -65,6 +65,27 @@ def test_gradients_equal_those_through_the_full_logits(variant):
         assert torch.allclose(grads[0][name], grads[1][name], atol=1e-5, rtol=1e-4), name
 
 
+@pytest.mark.parametrize("variant", ["gqa", "softcaps"])
+def test_tempered_logprobs_and_their_gradients_equal_log_softmax_of_logits_over_t(variant):
+    tokens, targets, mask = _batch()
+    weights = torch.randn(targets.shape, generator=torch.Generator().manual_seed(2))
+    values, grads = [], []
+    for chunked in (True, False):
+        model = _model(variant).train()
+        if chunked:
+            lp = logprobs(model, tokens, targets, mask, temperature=0.6)
+        else:
+            logp = torch.log_softmax(model(tokens).logits / 0.6, dim=-1)
+            lp = logp.gather(-1, targets[..., None]).squeeze(-1) * mask
+        (lp * weights).sum().backward()
+        values.append(lp.detach())
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    assert torch.allclose(values[0], values[1], atol=1e-5)
+    assert not torch.allclose(values[0], logprobs(_model(variant), tokens, targets, mask).detach(), atol=1e-2)
+    for name in grads[1]:
+        assert torch.allclose(grads[0][name], grads[1][name], atol=1e-5, rtol=1e-4), name
+
+
 def test_ignored_targets_and_a_model_in_train_mode_stay_in_train_mode():
     model = _model("gqa", dropout=0.0).train()
     tokens, targets, mask = _batch()

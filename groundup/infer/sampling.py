@@ -38,6 +38,9 @@ class SamplingConfig:
     overflow: Literal["error", "truncate"] = "error"  # a prompt too long for the context
     logprobs: bool = False  # also return each generated token's log-probability (the model's own, unprocessed)
     top_logprobs: int = 0  # with logprobs: the k most likely tokens at each step as well; 0 = none
+    # The temperature reported log-probs and entropies are taken at: 1 = the model's own distribution
+    # (vLLM's raw log-probs); GRPO passes its sampling temperature (the tempered policy, as TRL's).
+    logprob_temperature: float = 1.0
 
     def validate(self) -> None:
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
@@ -60,6 +63,8 @@ class SamplingConfig:
             fail("overflow", self.overflow, "'error' or 'truncate'")
         if not isinstance(self.top_logprobs, int) or not 0 <= self.top_logprobs <= 20:
             fail("top_logprobs", self.top_logprobs, "an integer in [0, 20]")
+        if not self.logprob_temperature > 0:
+            fail("logprob_temperature", self.logprob_temperature, "a number > 0 (1 = the model's own log-probs)")
 
     @classmethod
     def make(cls, base: "SamplingConfig | None" = None, **overrides) -> "SamplingConfig":
@@ -112,8 +117,12 @@ class Sampler:
 
     def scores(self, logits: torch.Tensor, tokens: torch.Tensor) -> list[tuple[float, list | None, float]]:
         """Per row, (log p of the chosen token, [(id, log p)] of the k likeliest or None, the entropy) under
-        the model's own distribution: before the penalty, temperature and filters, as vLLM's raw log-probs."""
-        logp = torch.log_softmax(logits[:, : self.vocab_size].float(), dim=-1)
+        the model's own distribution: before the penalty, temperature and filters, as vLLM's raw log-probs
+        (or at `logprob_temperature`, still before the penalty and filters)."""
+        logits = logits[:, : self.vocab_size].float()
+        if self.cfg.logprob_temperature != 1.0:
+            logits = logits / self.cfg.logprob_temperature
+        logp = torch.log_softmax(logits, dim=-1)
         chosen = logp.gather(1, tokens[:, None]).squeeze(1).tolist()
         entropy = (-(logp.exp() * logp).sum(-1)).tolist()
         if not self.cfg.top_logprobs:

@@ -33,36 +33,41 @@ class TokenStats:
     top_logprobs: torch.Tensor | None = None  # (B, T, k) their log-probabilities
 
 
-def _capped_logits(hc: torch.Tensor, w: torch.Tensor, softcap: float):
+def _capped_logits(hc: torch.Tensor, w: torch.Tensor, softcap: float, temperature: float = 1.0):
+    """(logits, tanh of the cap or None): softcap(h @ W^T), divided by `temperature` (TRL's tempered
+    log-probabilities of a policy sampled at that temperature)."""
     z = (hc @ w.t()).float()
+    tanh = None
     if softcap:
         tanh = torch.tanh(z / softcap)
-        return softcap * tanh, tanh
-    return z, None
+        z = softcap * tanh
+    if temperature != 1.0:
+        z = z / temperature
+    return z, tanh
 
 
 class _ChunkedLogprobs(torch.autograd.Function):
     """log_softmax(h @ W^T)[target] per row, a chunk of rows at a time; recomputed in backward."""
 
     @staticmethod
-    def forward(ctx, h, weight, targets, softcap, chunk, compute_dtype):
+    def forward(ctx, h, weight, targets, softcap, chunk, compute_dtype, temperature):
         w = weight.to(compute_dtype)
         out = torch.zeros(h.shape[0], device=h.device, dtype=torch.float32)
         valid = targets != IGNORE_INDEX
         safe = targets.clamp_min(0)
         for s in range(0, h.shape[0], chunk):
-            z, _ = _capped_logits(h[s : s + chunk].to(compute_dtype), w, softcap)
+            z, _ = _capped_logits(h[s : s + chunk].to(compute_dtype), w, softcap, temperature)
             lse = torch.logsumexp(z, dim=-1)
             lp = z.gather(1, safe[s : s + chunk, None]).squeeze(1) - lse
             out[s : s + chunk] = torch.where(valid[s : s + chunk], lp, 0.0)
         ctx.save_for_backward(h, weight, targets)
-        ctx.softcap, ctx.chunk, ctx.compute_dtype = softcap, chunk, compute_dtype
+        ctx.softcap, ctx.chunk, ctx.compute_dtype, ctx.temperature = softcap, chunk, compute_dtype, temperature
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
         h, weight, targets = ctx.saved_tensors
-        softcap, chunk, dtype = ctx.softcap, ctx.chunk, ctx.compute_dtype
+        softcap, chunk, dtype, temperature = ctx.softcap, ctx.chunk, ctx.compute_dtype, ctx.temperature
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         w = weight.to(dtype)
         grad_h = torch.empty_like(h) if need_h else None
@@ -71,8 +76,8 @@ class _ChunkedLogprobs(torch.autograd.Function):
         safe = targets.clamp_min(0)
         for s in range(0, h.shape[0], chunk):
             hc = h[s : s + chunk].to(dtype)
-            z, tanh = _capped_logits(hc, w, softcap)
-            gc = g[s : s + chunk]
+            z, tanh = _capped_logits(hc, w, softcap, temperature)
+            gc = g[s : s + chunk] / temperature  # z is the capped logits over the temperature
             # d lp / d z = onehot(target) - softmax(z), times the incoming gradient of each row.
             dz = torch.softmax(z, dim=-1).mul_(-gc[:, None])
             dz.scatter_add_(1, safe[s : s + chunk, None], gc[:, None])
@@ -83,7 +88,7 @@ class _ChunkedLogprobs(torch.autograd.Function):
                 grad_h[s : s + chunk] = (dz @ w).to(h.dtype)
             if need_w:
                 grad_w += (dz.t() @ hc).float()
-        return grad_h, grad_w.to(weight.dtype) if grad_w is not None else None, None, None, None, None
+        return grad_h, grad_w.to(weight.dtype) if grad_w is not None else None, None, None, None, None, None
 
 
 def _compute_dtype(h: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
@@ -92,11 +97,15 @@ def _compute_dtype(h: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
 
 
 def chunked_logprobs(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, softcap: float = 0.0,
-                     chunk: int = 2048) -> torch.Tensor:
-    """(N,) log p(targets) of logits = softcap(h @ weight^T), for h (N, D); 0 where the target is ignored."""
+                     chunk: int = 2048, temperature: float = 1.0) -> torch.Tensor:
+    """(N,) log p(targets) of logits = softcap(h @ weight^T) / temperature, for h (N, D); 0 where the
+    target is ignored."""
+    if not temperature > 0:
+        raise ValueError(f"temperature = {temperature}: log-probabilities need a temperature > 0")
     dtype = _compute_dtype(h, weight)
     with torch.autocast(h.device.type, enabled=False):
-        return _ChunkedLogprobs.apply(h, weight, targets, float(softcap), int(chunk or 2048), dtype)
+        return _ChunkedLogprobs.apply(h, weight, targets, float(softcap), int(chunk or 2048), dtype,
+                                      float(temperature))
 
 
 @torch.no_grad()
@@ -143,13 +152,16 @@ def _targets_under_mask(targets: torch.Tensor, mask: torch.Tensor | None) -> tor
 
 
 def logprobs(model: torch.nn.Module, tokens: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor | None = None,
-             *, pad_lens: torch.Tensor | None = None) -> torch.Tensor:
+             *, pad_lens: torch.Tensor | None = None, temperature: float = 1.0) -> torch.Tensor:
     """(B, T) float32 log p(targets[b, t] | tokens[b, :t+1]); 0 where `mask` is 0 or the target is ignored.
 
     `model` may be wrapped (DDP, FSDP2, torch.compile): the scoring runs inside its forward pass, so
     gradients flow to the model as from any loss. `pad_lens`: left padding per row (see KVCache).
+    `temperature`: the distribution softmax(logits / temperature), the policy a sampler at that
+    temperature draws from (GRPO's log-probabilities, as TRL takes them).
     """
-    out = model(tokens, _targets_under_mask(targets, mask), pad_lens=pad_lens, score="logprobs")
+    extra = {"temperature": temperature} if temperature != 1.0 else {}
+    out = model(tokens, _targets_under_mask(targets, mask), pad_lens=pad_lens, score="logprobs", **extra)
     return out.logprobs
 
 

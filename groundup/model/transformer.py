@@ -153,7 +153,7 @@ class Transformer(nn.Module):
                 cache: KVCache | None = None, pad_lens: torch.Tensor | None = None,
                 return_logits: bool | None = None, last_only: bool = False, score: str | None = None,
                 top_k: int = 0, vocab_limit: int | None = None, segments: torch.Tensor | None = None,
-                reward_index: torch.Tensor | None = None) -> ModelOutput:
+                reward_index: torch.Tensor | None = None, temperature: float = 1.0) -> ModelOutput:
         """`last_only`: logits of the last position only (generation's prefill needs no others).
 
         `segments` (B, T): packed examples (fine-tuning); a token attends only within its segment and
@@ -164,7 +164,8 @@ class Transformer(nn.Module):
 
         `score` (with targets): "logprobs" returns the per-token log-probabilities of the targets
         (differentiable), "stats" the `TokenStats` (no gradients, `top_k` most likely tokens below
-        `vocab_limit`), both chunked without materialising the logits; no loss is computed."""
+        `vocab_limit`), both chunked without materialising the logits; no loss is computed. "logprobs"
+        takes a `temperature`: log-probabilities under softmax(logits / temperature)."""
         B, T = tokens.shape
         cfg = self.cfg
         start = cache.prepare(T) if cache is not None else 0
@@ -211,10 +212,11 @@ class Transformer(nn.Module):
             last = x[torch.arange(B, device=x.device), reward_index.to(x.device)]
             return ModelOutput(rewards=self.value_head(last).squeeze(-1).float())
         if score is not None:
-            return self._score(x, targets, score, top_k, vocab_limit)
+            return self._score(x, targets, score, top_k, vocab_limit, temperature)
         return self._head(x, targets, aux_total, return_logits)
 
-    def _score(self, x, targets, score: str, top_k: int, vocab_limit: int | None) -> ModelOutput:
+    def _score(self, x, targets, score: str, top_k: int, vocab_limit: int | None,
+               temperature: float = 1.0) -> ModelOutput:
         if targets is None:
             raise ValueError("score= needs targets")
         B, T, D = x.shape
@@ -223,11 +225,13 @@ class Transformer(nn.Module):
         if score == "logprobs":
             valid = flat_t != IGNORE_INDEX
             if torch.compiler.is_compiling() or bool(valid.all()):
-                return ModelOutput(logprobs=chunked_logprobs(flat_x, self.output_weight, flat_t, cap, chunk).view(B, T))
+                return ModelOutput(logprobs=chunked_logprobs(flat_x, self.output_weight, flat_t, cap, chunk,
+                                                             temperature).view(B, T))
             # Only the scored positions reach the output layer (padding, prompts and a cached row's context
             # never do): the (positions x vocabulary) product is the largest matmul of a small model.
             idx = valid.nonzero().squeeze(1)
-            lp = chunked_logprobs(flat_x.index_select(0, idx), self.output_weight, flat_t.index_select(0, idx), cap, chunk)
+            lp = chunked_logprobs(flat_x.index_select(0, idx), self.output_weight, flat_t.index_select(0, idx), cap,
+                                  chunk, temperature)
             return ModelOutput(logprobs=lp.new_zeros(B * T).index_copy(0, idx, lp).view(B, T))
         if score == "stats":
             st = chunked_token_stats(flat_x, self.output_weight, flat_t, cap, chunk, top_k, vocab_limit)

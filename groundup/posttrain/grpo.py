@@ -1,6 +1,7 @@
 """`grpo(cfg, out)`: group relative policy optimisation with verifiable rewards, on the training core.
 
-Per completion token t of sequence i (A_i its group-relative advantage, see rollout.py):
+Per completion token t of sequence i (A_i its group-relative advantage, see rollout.py; every
+log-probability taken at the sampling temperature, softmax(logits / T), as TRL's trainer does):
     ratio   ρ = exp(log π(t) - log π_old(t))
     policy  -min(ρ A_i, clip(ρ, 1 - ε, 1 + ε_high) A_i)                  (ε_high = ε unless set: DAPO)
     KL      β (exp(r - log π(t)) - (r - log π(t)) - 1),  r = log π_ref(t)  (the k3 estimator; β = 0: none)
@@ -30,7 +31,7 @@ from groundup.model.logprobs import logprobs
 from groundup.model.lora import apply_lora
 from groundup.posttrain.config import GRPOConfig
 from groundup.posttrain.rewards import load_rewards, score
-from groundup.posttrain.rollout import RolloutBatch, RolloutLoader, read_prompts
+from groundup.posttrain.rollout import RolloutBatch, RolloutLoader, policy_temperature, read_prompts
 from groundup.posttrain.run import posttrain_session
 from groundup.train.distributed import unwrap
 from groundup.train.loop import run
@@ -94,13 +95,13 @@ class GRPOObjective:
             return ObjectiveOutput(zero, self._metrics(batch.stats))
         targets = batch.targets.to(device)
         mask = (targets != -100).float()
-        logp = logprobs(model, batch.inputs.to(device), targets)
+        logp = logprobs(model, batch.inputs.to(device), targets, temperature=policy_temperature(c))
         ref = batch.ref_logps.to(device) if batch.ref_logps is not None else None
         per, kl, clipped = grpo_token_loss(logp, batch.old_logps.to(device), batch.advantages.to(device), ref,
                                            c.epsilon, c.epsilon_high, c.beta)
         loss = aggregate(per, mask, c.loss_aggregation, c.max_new_tokens)
         n = mask.sum().clamp_min(1)
-        metrics = {**batch.stats, "loss": loss.detach(), "kl": (kl * mask).sum() / n,
+        metrics = {**batch.stats, "loss": loss.detach(), "kl": ((kl * mask).sum() / n).detach(),
                    "clip_fraction": (clipped * mask).sum() / n}
         return ObjectiveOutput(loss, self._metrics(metrics))
 

@@ -34,6 +34,12 @@ from groundup.posttrain.records import BadRecord, parse_messages
 from groundup.posttrain.rewards import score
 
 
+def policy_temperature(cfg) -> float:
+    """The temperature GRPO's log-probabilities (policy, old and reference) are taken at: the sampling
+    temperature, as TRL's trainer divides the logits by it; 1 for greedy sampling."""
+    return cfg.temperature if cfg.temperature > 0 else 1.0
+
+
 @dataclass
 class Prompt:
     ids: list[int]
@@ -167,7 +173,8 @@ class RolloutLoader:
         rows = [p.ids for p in prompts for _ in range(G)]
         outs, totals, parts = sample_scored(Generator(self.policy, self.tok), prompts, self.rewards, G,
                                             self.errors, max_new_tokens=c.max_new_tokens, temperature=c.temperature,
-                                            top_p=c.top_p, seed=seed, logprobs=True)
+                                            top_p=c.top_p, seed=seed, logprobs=True,
+                                            logprob_temperature=policy_temperature(c))
         r = torch.tensor(totals).view(len(prompts), G)
         informative = (r.max(dim=1).values - r.min(dim=1).values) > 0
         stats = {"reward": r.mean().item(), "reward_std": r.std(dim=1).mean().item(),
@@ -201,10 +208,11 @@ class RolloutLoader:
             was = self.policy.training
             self.policy.eval()
             if self.reference is not None:
-                ref = logprobs(self.reference, x.to(device), t.to(device)).cpu()
+                ref = logprobs(self.reference, x.to(device), t.to(device), temperature=policy_temperature(self.cfg)).cpu()
             else:
                 with adapters_disabled(self.policy):
-                    ref = logprobs(self.policy, x.to(device), t.to(device)).cpu()
+                    ref = logprobs(self.policy, x.to(device), t.to(device),
+                                   temperature=policy_temperature(self.cfg)).cpu()
             self.policy.train(was)
         return RolloutBatch(x, t, old, ref, advantages.float(), stats)
 
