@@ -168,6 +168,20 @@ def start_task(files, directory: Path, done_file: str) -> dict | None:
     return None
 
 
+def finished_task(directory: Path, done_file: str, task, remedy: str) -> dict | None:
+    """On the driver: a task's completion marker from an earlier run, or None. A marker whose task
+    read other files than `task` does now is refused (`remedy` says what to do): its outputs belong
+    to another plan."""
+    path = directory / done_file
+    if not path.exists():
+        return None
+    marker = read_json(path, expect=dict)
+    if marker.get("files") != [str(f.path) for f in task.files]:
+        raise DataError(f"{path}: this completed task read other files than task {task.name} of this run "
+                        f"({task.describe()}); {remedy}")
+    return marker
+
+
 def fault_spec() -> str | None:
     spec = os.environ.get(FAULT_ENV) or None
     if spec is not None:

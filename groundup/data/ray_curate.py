@@ -44,10 +44,9 @@ from groundup.data.output import write_output_shard
 from groundup.data.ray_dedup import ray_deduplicate
 from groundup.data.readers import ReadStats
 from groundup.data.tasks import Task, cut_shards, task_records
-from groundup.errors import DataError
 from groundup.io import atomic_write_json, read_json
-from groundup.ray_cluster import (fault_spec, maybe_fault, ray_session, remove_temporaries, require_shared,
-                                  run_tasks, start_task)
+from groundup.ray_cluster import (fault_spec, finished_task, maybe_fault, ray_session, remove_temporaries,
+                                  require_shared, run_tasks, start_task)
 
 DONE_FILE = "done.json"
 _curator: tuple[str, ShardCurator] | None = None  # per worker process: built once per configuration
@@ -108,14 +107,7 @@ class RayExecutor:
         return self.work / "tasks" / task.name
 
     def _marker(self, task: Task) -> dict | None:
-        path = self._task_dir(task) / DONE_FILE
-        if not path.exists():
-            return None
-        marker = read_json(path, expect=dict)
-        if marker.get("files") != [str(f.path) for f in task.files]:
-            raise DataError(f"{path}: this completed task read other files than task {task.name} of this run "
-                            f"({task.describe()}); use a new --out directory")
-        return marker
+        return finished_task(self._task_dir(task), DONE_FILE, task, "use a new --out directory")
 
     def curate_shards(self, tasks: Sequence[Task], read_stats: ReadStats) -> tuple[list[dict], list[dict], int]:
         import ray

@@ -39,7 +39,7 @@ from groundup.data.readers import ReadStats, no_records_error
 from groundup.data.tasks import Task, input_fingerprint, plan_tasks, task_records
 from groundup.errors import DataError
 from groundup.io import atomic_open, atomic_write_json, ensure_writable_dir, read_json
-from groundup.ray_cluster import fault_spec, maybe_fault, run_tasks, start_task
+from groundup.ray_cluster import fault_spec, finished_task, maybe_fault, run_tasks, start_task
 from groundup.tokens.writer import encode_documents, text_batches
 
 WORK_DIR = ".work"
@@ -121,14 +121,7 @@ def discard_work(out: Path) -> None:
 
 
 def _marker(directory: Path, task: Task) -> dict | None:
-    path = directory / DONE_FILE
-    if not path.exists():
-        return None
-    marker = read_json(path, expect=dict)
-    if marker.get("files") != [str(f.path) for f in task.files]:
-        raise DataError(f"{path}: this completed task read other files than task {task.name} of this run "
-                        f"({task.describe()}); remove {directory.parent.parent} and run again")
-    return marker
+    return finished_task(directory, DONE_FILE, task, f"remove {directory.parent.parent} and run again")
 
 
 def encode_on_ray(inputs, tok, out: Path, cfg, dtype: np.dtype, stats: ReadStats, skipped: collections.Counter,
