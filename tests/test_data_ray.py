@@ -343,3 +343,16 @@ def test_one_writer_per_run_and_a_task_sees_the_shared_directory(raw, tmp_path):
     task = plan_tasks([raw], 1)[0]
     with pytest.raises(DataError, match="shared filesystem"):  # a node that does not see --out
         ray_curate.curate_task(task, cfg, str(tmp_path / "elsewhere" / "tasks" / "00000"), None)
+
+
+def test_a_completion_marker_of_other_inputs_is_refused(raw, tmp_path):
+    """A task directory finished by a run over other files must not be taken as this task's result."""
+    from groundup.ray_cluster import finished_task
+
+    first, second = plan_tasks([raw], 1)[:2]
+    assert finished_task(tmp_path, "done.json", first, "use a new --out directory") is None
+    (tmp_path / "done.json").write_text(json.dumps({"files": [str(f.path) for f in first.files], "shards": 3}))
+    assert finished_task(tmp_path, "done.json", first, "use a new --out directory")["shards"] == 3
+    with pytest.raises(DataError, match=r"done\.json: this completed task read other files than task 00001 .*"
+                                        r"use a new --out directory"):
+        finished_task(tmp_path, "done.json", second, "use a new --out directory")
