@@ -176,3 +176,26 @@ def test_answer_extraction():
     assert extract_answer("12 + 5 = 17.\nAnswer: 17", strict=True) == "17"
     assert extract_answer("so it is 1,250 dollars.", strict=True) is None
     assert extract_answer("so it is 1,250 dollars.", strict=False) == "1250"
+
+
+@pytest.mark.parametrize("verb, files", [("sft", ("--data", "--eval-data")), ("grpo", ("--prompts", "--eval-prompts"))])
+def test_overrides_after_a_file_list_are_overrides_not_files(verb, files):
+    """argparse hands `key=value` words after an nargs="+" option to its list; both lists give them back."""
+    import argparse
+
+    from groundup.posttrain import commands
+    from groundup.posttrain.config import GRPOConfig
+
+    p = argparse.ArgumentParser()
+    getattr(commands, f"{verb}_arguments")(p)
+    args = p.parse_args([files[0], "a.jsonl", "train.batch_size=3", files[1], "h.jsonl", "train.seq_len=64",
+                         "--out", "run", "train.max_steps=5"])
+    if verb == "grpo":
+        args.data, args.eval_data = args.prompts, args.eval_prompts
+        cfg = commands._stage_config(GRPOConfig, "grpo", args, data_key="prompts", eval_key="eval_prompts")
+        data, held = cfg.grpo.prompts, cfg.grpo.eval_prompts
+    else:
+        cfg = commands._stage_config(SFTConfig, "sft", args)
+        data, held = cfg.sft.data, cfg.sft.eval_data
+    assert (cfg.train.batch_size, cfg.train.seq_len, cfg.train.max_steps) == (3, 64, 5)
+    assert (data, held) == (["a.jsonl"], ["h.jsonl"])

@@ -56,9 +56,11 @@ def _stage_config(cls, section: str, args: argparse.Namespace, data_key: str = "
     from groundup.config import inputs_and_overrides
     from groundup.train.commands import load_run_config
 
+    # an nargs="+" list swallows the overrides that follow it (`--eval-data h.jsonl train.seq_len=128`)
     data, moved = inputs_and_overrides(args.data or [])
-    args.overrides = moved + list(args.overrides)
-    extra = _paths(f"{section}.{data_key}", data) + _paths(f"{section}.{eval_key}", getattr(args, "eval_data", None))
+    held, moved_held = inputs_and_overrides(getattr(args, "eval_data", None) or [])
+    args.overrides = moved + moved_held + list(args.overrides)
+    extra = _paths(f"{section}.{data_key}", data) + _paths(f"{section}.{eval_key}", held)
     extra += [f"base={json.dumps(args.base)}"] if args.base else []
     return load_run_config(cls, args, extra)
 
