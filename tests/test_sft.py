@@ -199,3 +199,20 @@ def test_overrides_after_a_file_list_are_overrides_not_files(verb, files):
         data, held = cfg.sft.data, cfg.sft.eval_data
     assert (cfg.train.batch_size, cfg.train.seq_len, cfg.train.max_steps) == (3, 64, 5)
     assert (data, held) == (["a.jsonl"], ["h.jsonl"])
+
+
+def test_held_out_replies_keep_their_prompt_when_max_new_tokens_fills_the_context():
+    """A reply gets the room its prompt leaves: asking for as many new tokens as the context holds must not
+    cut the prompt (it used to be left-truncated to one token, so SFT logged 0% exact match)."""
+    from groundup.infer import Generator
+    from groundup.posttrain.chat_eval import chat_replies
+    from groundup.posttrain.records import Example
+
+    tok, model = small_tokenizer(), tiny_model(max_seq_len=48)
+    messages = [{"role": "user", "content": "What is 3 + 4? Say it plainly."}, {"role": "assistant", "content": "7"}]
+    ex = Example("q", "messages", messages, completion_at=1, meta={"answer": "7"})
+    ids = tok.render_chat(messages[:1], add_generation_prompt=True)[0]
+    assert 4 < len(ids) < 24
+    got = chat_replies(model, tok, [ex], max_new_tokens=48)[0]
+    want = Generator(model, tok).complete_ids([ids], max_new_tokens=48 - len(ids), temperature=0)[0]
+    assert got.token_ids == want.token_ids and len(got.token_ids) == 48 - len(ids)

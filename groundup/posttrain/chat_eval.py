@@ -47,12 +47,15 @@ def chat_replies(model, tokenizer, examples: Sequence[Example], max_new_tokens: 
     from groundup.infer import Generator
 
     gen = Generator(model, tokenizer)
-    prompts = [tokenizer.render_chat(ex.messages[: ex.completion_at], add_generation_prompt=True)[0]
+    # A reply gets the room its prompt leaves (up to max_new_tokens). Only a prompt that would leave less
+    # than that room or half the context loses tokens from its start: truncating every prompt to make room
+    # for max_new_tokens would cut a short model's prompts to nothing (context 128, 128 new tokens).
+    keep = model.cfg.max_seq_len - min(max_new_tokens, model.cfg.max_seq_len // 2)
+    prompts = [tokenizer.render_chat(ex.messages[: ex.completion_at], add_generation_prompt=True)[0][-keep:]
                for ex in examples]
     outs = []
     for i in range(0, len(prompts), BATCH):
-        outs += gen.complete_ids(prompts[i : i + BATCH], max_new_tokens=max_new_tokens, temperature=0,
-                                 overflow="truncate")
+        outs += gen.complete_ids(prompts[i : i + BATCH], max_new_tokens=max_new_tokens, temperature=0)
     return outs
 
 
