@@ -67,19 +67,24 @@ def _trl_trainer(kind, tmp_path, hf, hf_ref, **args):
                       processing_class=tok)
 
 
-@pytest.mark.parametrize("loss", ["sigmoid", "ipo"])
-def test_dpo_loss_equals_trl(tmp_path, loss):
+@pytest.mark.parametrize("loss, sft_weight", [("sigmoid", 0.0), ("ipo", 0.0), ("sigmoid", 0.7)])
+def test_dpo_loss_equals_trl(tmp_path, loss, sft_weight):
+    """sft_weight: RPO, TRL's loss_type [loss, "sft"] with loss_weights [1, w]."""
     policy, reference, hf, hf_ref = _models(tmp_path)
     pairs = [Pair(i, _ids(5 + i), _ids(3 + 2 * i), _ids(6 - i)) for i in range(4)]
-    trainer = _trl_trainer("dpo", tmp_path, hf, hf_ref, beta=0.1, loss_type=[loss])
+    extra = dict(loss_type=[loss, "sft"], loss_weights=[1.0, sft_weight]) if sft_weight else dict(loss_type=[loss])
+    trainer = _trl_trainer("dpo", tmp_path, hf, hf_ref, beta=0.1, **extra)
     batch = trainer.data_collator([{"prompt_ids": p.prompt, "chosen_ids": p.chosen, "rejected_ids": p.rejected}
                                    for p in pairs])
     theirs = float(trainer._compute_loss(trainer.model, batch, False))
     ref = reference_logps(reference, pairs, "dpo", 0, "cpu")
-    objective = PreferenceObjective("dpo", DPOSection(beta=0.1, loss=loss), ref)
-    ours = float(objective(policy.eval(), make_batch(pairs, "dpo", 0, pairs), "cpu").loss)
+    objective = PreferenceObjective("dpo", DPOSection(beta=0.1, loss=loss, sft_weight=sft_weight), ref)
+    out = objective(policy.eval(), make_batch(pairs, "dpo", 0, pairs), "cpu")
+    ours = float(out.loss)
     assert abs(ours - math.log(2)) > 1e-3 if loss == "sigmoid" else True  # the policy differs from the reference
     assert ours == pytest.approx(theirs, abs=1e-4)
+    if sft_weight:  # the added term is large enough that leaving it out would fail the comparison
+        assert sft_weight * float(out.metrics["chosen_nll"]) > 1.0
 
 
 def test_kto_loss_equals_trl(tmp_path):

@@ -114,11 +114,17 @@ class PreferenceDataConfig:
 class DPOSection(PreferenceDataConfig):
     loss: Literal["sigmoid", "ipo", "hinge"] = "sigmoid"
     label_smoothing: float = 0.0  # sigmoid only: the assumed share of flipped labels (conservative DPO)
+    # Weight of the chosen completions' negative log-likelihood added to the loss (RPO; TRL's
+    # loss_type=[loss, "sft"] with loss_weights=[1, sft_weight]): keeps the chosen replies likely while
+    # the margin grows. 0: plain DPO.
+    sft_weight: float = 0.0
 
     def validate(self) -> None:
         super().validate()
         if not 0 <= self.label_smoothing < 0.5:
             fail("label_smoothing", self.label_smoothing, "a number in [0, 0.5)")
+        if not self.sft_weight >= 0:
+            fail("sft_weight", self.sft_weight, "a weight >= 0")
 
 
 @dataclass

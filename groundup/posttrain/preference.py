@@ -5,6 +5,8 @@ DPO (Rafailov et al. 2023), for a pair with policy/reference log-likelihoods of 
     sigmoid   -(1 - ε) log σ(β Δ) - ε log σ(-β Δ)        (ε = label smoothing, conservative DPO; ε = 0 is TRL's)
     ipo       (Δ' - 1 / (2β))², Δ' the same with each log-ratio divided by its completion's length (TRL)
     hinge     max(0, 1 - β Δ)
+plus, with `sft_weight` w > 0 (RPO; TRL's loss_type [loss, "sft"]), w times the negative mean
+log-probability of the batch's chosen completion tokens.
 KTO (Ethayarajh et al. 2024; TRL): z = max(0, mean over the batch of log π(y'|x) - log π_ref(y'|x)) on
 mismatched pairs (each prompt with another example's completion), detached;
     desirable   λ_D (1 - σ(β (r - z))),   undesirable   λ_U (1 - σ(β (z - r))),   r = log π(y|x) - log π_ref(y|x)
@@ -193,11 +195,16 @@ class PreferenceObjective:
         if self.kind == "dpo":
             lp = sequence_logps(model, batch.inputs, batch.targets, device)
             chosen, rejected = lp[:B] - ref[:, 0], lp[B:] - ref[:, 1]
-            per = dpo_loss(chosen, rejected, batch.extra.to(device), c.loss, c.beta, c.label_smoothing)
+            lengths = batch.extra.to(device)
+            per = dpo_loss(chosen, rejected, lengths, c.loss, c.beta, c.label_smoothing)
+            loss = per.mean()
+            nll = -lp[:B].sum() / lengths[:, 0].sum().clamp_min(1)  # per chosen token, over the batch (TRL)
+            if c.sft_weight:
+                loss = loss + c.sft_weight * nll
             rc, rr = c.beta * chosen.detach(), c.beta * rejected.detach()
-            return ObjectiveOutput(per.mean(), {"loss": per.mean().detach(), "rewards_chosen": rc.mean(),
-                                                "rewards_rejected": rr.mean(), "margin": (rc - rr).mean(),
-                                                "accuracy": (rc > rr).float().mean()})
+            return ObjectiveOutput(loss, {"loss": loss.detach(), "rewards_chosen": rc.mean(),
+                                          "rewards_rejected": rr.mean(), "margin": (rc - rr).mean(),
+                                          "accuracy": (rc > rr).float().mean(), "chosen_nll": nll.detach()})
         lp = sequence_logps(model, batch.inputs[:B], batch.targets[:B], device)
         with torch.no_grad():  # the reference point is a detached estimate (TRL)
             kl_lp = sequence_logps(model, batch.inputs[B:], batch.targets[B:], device)
