@@ -37,22 +37,39 @@ def root(tmp_path_factory):
     sys.path.remove(str(root))
 
 
-def test_bradley_terry_loss_is_the_closed_form(root):
+def four_pairs(root):
+    """(an untrained reward model, its batch of the first four pairs, those pairs)."""
     from groundup.posttrain.preference import make_batch
 
-    tok = small_tokenizer()
-    pairs, _ = read_pairs([root / "pairs.jsonl"], tok, 64)
+    pairs, _ = read_pairs([root / "pairs.jsonl"], small_tokenizer(), 64)
     torch.manual_seed(0)
-    model = tiny_model(value_head=True)
-    batch = make_batch(pairs[:4], "rm", 0, pairs)
+    return tiny_model(value_head=True), make_batch(pairs[:4], "rm", 0, pairs), pairs[:4]
+
+
+def test_bradley_terry_loss_is_the_closed_form(root):
+    model, batch, pairs = four_pairs(root)
     out = RewardObjective([], 0)(model, batch, "cpu")
     rewards = []
-    for p in pairs[:4]:
+    for p in pairs:
         for completion in (p.chosen, p.rejected):
             ids = torch.tensor([p.prompt + completion])
             rewards.append(model(ids, score="reward", reward_index=torch.tensor([ids.shape[1] - 1])).rewards[0])
     chosen, rejected = torch.stack(rewards[0::2]), torch.stack(rewards[1::2])
     assert float(out.loss) == pytest.approx(float(-F.logsigmoid(chosen - rejected).mean()), rel=1e-5)
+
+
+def test_language_modelling_term_is_the_chosen_completions_nll(root):
+    model, batch, pairs = four_pairs(root)
+    plain, weighted = RewardObjective([], 0)(model, batch, "cpu"), RewardObjective([], 0, 0.5)(model, batch, "cpu")
+    nll, count = 0.0, 0
+    for p in pairs:  # the reply's tokens predicted from the prompt and the reply so far (the prompt is not)
+        ids = torch.tensor([p.prompt + p.chosen])
+        logits = model(ids, return_logits=True).logits[0, len(p.prompt) - 1 : -1]
+        nll += float(F.cross_entropy(logits.float(), ids[0, len(p.prompt):], reduction="sum"))
+        count += len(p.chosen)
+    assert float(weighted.metrics["chosen_nll"]) == pytest.approx(nll / count, rel=1e-5)
+    assert float(weighted.loss) == pytest.approx(float(plain.loss) + 0.5 * nll / count, rel=1e-5)
+    assert nll / count > 1.0  # an untrained model: the term is large enough to matter in the sum
 
 
 def test_reward_model_learns_the_preference_and_ranks_samples(root, tmp_path):
@@ -79,12 +96,30 @@ def test_pairs_from_samples_are_ranked_by_the_reward(root, tmp_path):
     environment = {**env(), "PYTHONPATH": f"{env()['PYTHONPATH']}:{root}"}  # where the user's reward module is
     subprocess.run(groundup_cmd("data", "pairs", "--model", str(root / "base"), "--prompts", str(root / "prompts.jsonl"),
                                 "--reward", "reward_mod:has_e", "--out", str(tmp_path / "p.jsonl"), "--samples", "4",
-                                "--max-new-tokens", "12"), env=environment, check=True, capture_output=True)
+                                "--max-new-tokens", "12", "--batch-size", "6", "--device", "cpu"), env=environment,
+                   check=True, capture_output=True)
+    bad = subprocess.run(groundup_cmd("data", "pairs", "--model", str(root / "base"), "--prompts",
+                                      str(root / "prompts.jsonl"), "--reward", "reward_mod:has_e", "--out",
+                                      str(tmp_path / "q.jsonl"), "--batch-size", "0"), env=environment,
+                         capture_output=True, text=True)
+    assert bad.returncode != 0 and "--batch-size 0: expected at least 1" in bad.stderr
     records = [json.loads(x) for x in (tmp_path / "p.jsonl").read_text().splitlines()]
     assert records and all(r["chosen_score"] > r["rejected_score"] for r in records)
     assert all(r["chosen"][0]["content"].count("e") == r["chosen_score"] for r in records)
     pairs, report = read_pairs([tmp_path / "p.jsonl"], small_tokenizer(), 128)  # what DPO reads
     assert len(pairs) == len(records) and not report.skipped
+
+
+def test_pairs_per_prompt_pair_distinct_samples_from_both_ends_of_the_ranking():
+    from groundup.posttrain.sampled_data import ranked_pairs
+
+    texts = ["a", "b", "a", "c", "d", "e", "b", "f"]  # "a" and "b" sampled twice
+    scores = [1.0, 0.0, 1.0, 1.0, 0.0, 0.5, 0.0, 0.0]
+    assert ranked_pairs(texts, scores) == [(0, 1)]  # the first best against the first worst
+    # distinct texts only: a(1) c(1) e(0.5) against b(0) d(0) f(0); the third chosen (e) still scores higher
+    assert ranked_pairs(texts, scores, 3) == [(0, 1), (3, 4), (5, 7)]
+    assert ranked_pairs(texts, scores, 8) == [(0, 1), (3, 4), (5, 7)]  # the fourth would be b (0) against e (0.5): stop
+    assert ranked_pairs(["x", "y", "x"], [1.0, 1.0, 1.0], 3) == []  # nothing to prefer
 
 
 def test_rejection_sampling_rounds(root, tmp_path):

@@ -160,7 +160,8 @@ class Transformer(nn.Module):
         RoPE positions restart at each segment's first token, so each example sees only itself.
 
         `score="reward"` (a model with a value head): the head's scalar at each row's `reward_index`
-        (the last real token of a right-padded row).
+        (the last real token of a right-padded row); with targets, also their log-probabilities (one
+        trunk pass for a reward model trained with a language-modelling term).
 
         `score` (with targets): "logprobs" returns the per-token log-probabilities of the targets
         (differentiable), "stats" the `TokenStats` (no gradients, `top_k` most likely tokens below
@@ -210,7 +211,9 @@ class Transformer(nn.Module):
             if self.value_head is None or reward_index is None:
                 raise ValueError("score='reward' needs a model with a value head and reward_index")
             last = x[torch.arange(B, device=x.device), reward_index.to(x.device)]
-            return ModelOutput(rewards=self.value_head(last).squeeze(-1).float())
+            rewards = self.value_head(last).squeeze(-1).float()
+            lp = None if targets is None else self._score(x, targets, "logprobs", 0, None).logprobs
+            return ModelOutput(rewards=rewards, logprobs=lp)
         if score is not None:
             return self._score(x, targets, score, top_k, vocab_limit, temperature)
         return self._head(x, targets, aux_total, return_logits)

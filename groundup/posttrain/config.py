@@ -128,6 +128,20 @@ class DPOSection(PreferenceDataConfig):
 
 
 @dataclass
+class RMSection(PreferenceDataConfig):
+    # Weight of an auxiliary language-modelling loss: the chosen completions' negative log-likelihood per
+    # token, through the same trunk (the verifiers of Cobbe et al. 2021; "SFT regularisation" in Yang et
+    # al. 2024's GRM). It keeps the token-level knowledge a verifier needs from being overwritten by a
+    # head fitted to a few thousand pairs. 0: the Bradley-Terry loss alone (TRL's RewardTrainer).
+    lm_weight: float = 0.0
+
+    def validate(self) -> None:
+        super().validate()
+        if not self.lm_weight >= 0:
+            fail("lm_weight", self.lm_weight, "a weight >= 0")
+
+
+@dataclass
 class KTOSection(PreferenceDataConfig):
     desirable_weight: float = 1.0  # λ_D: weight of desirable examples' losses
     undesirable_weight: float = 1.0  # λ_U: weight of undesirable examples'
@@ -210,7 +224,7 @@ class GRPOConfig(PostTrainConfig):
 @dataclass
 class RMConfig(PostTrainConfig):
     schedule: ScheduleConfig = field(default_factory=_sft_schedule)
-    rm: PreferenceDataConfig = field(default_factory=PreferenceDataConfig)  # beta is unused here
+    rm: RMSection = field(default_factory=RMSection)  # beta is unused here
 
     verb: ClassVar[str] = "rm"
     incompatible_keys: ClassVar[tuple[str, ...]] = PostTrainConfig.incompatible_keys + ("rm.seed",)

@@ -117,7 +117,11 @@ def make_batch(items: list, kind: str, pad_id: int, all_items: list, chunk: int 
     index = torch.tensor([x.index for x in items])
     if kind == "rm":
         inputs, last = full_rows([x.prompt + x.chosen for x in items] + [x.prompt + x.rejected for x in items], pad_id)
-        return PrefBatch(inputs, torch.zeros_like(inputs), index, last)
+        targets = torch.full_like(inputs, IGNORE_INDEX)  # the chosen completions' next tokens (a reward
+        for i, x in enumerate(items):                    # model's optional language-modelling term)
+            end = len(x.prompt) + len(x.chosen) - 1
+            targets[i, len(x.prompt) - 1 : end] = inputs[i, len(x.prompt) : end + 1]
+        return PrefBatch(inputs, targets, index, last)
     if kind == "dpo":
         seqs = [(x.prompt, x.chosen) for x in items] + [(x.prompt, x.rejected) for x in items]
         extra = torch.tensor([[len(x.chosen), len(x.rejected)] for x in items], dtype=torch.float32)

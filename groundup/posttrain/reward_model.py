@@ -2,6 +2,8 @@
 pairs with the Bradley-Terry loss, and its use as a reward (GRPO, best-of-n sampling).
 
     loss = -log σ(r(x, y_w) - r(x, y_l))       r: the value head on the completion's last token
+           + lm_weight x NLL(y_w | x) per token  (optional: a language-modelling term on the chosen
+                                                  completions, through the same trunk)
     accuracy = share of pairs with r(x, y_w) > r(x, y_l)   (logged per step; held-out at evaluation)
 
 The model starts from `cfg.base` (an SFT model, usually) with a freshly initialised head; its
@@ -32,28 +34,41 @@ from groundup.train.objective import ObjectiveOutput
 from groundup.train.state import build_state
 
 
-def pair_rewards(model, batch: PrefBatch, device) -> tuple[torch.Tensor, torch.Tensor]:
+def pair_rewards(model, batch: PrefBatch, device, with_nll: bool = False):
     """(rewards of the chosen completions, of the rejected) for a "rm" batch: chosen rows then rejected rows,
-    each read at its last token."""
+    each read at its last token; `with_nll`: and the chosen completions' mean negative log-likelihood per
+    token, from the same pass."""
     B = len(batch.index)
-    r = model(batch.inputs.to(device), score="reward", reward_index=batch.extra.to(device)).rewards
-    return r[:B], r[B:]
+    targets = batch.targets.to(device) if with_nll else None
+    out = model(batch.inputs.to(device), targets, score="reward", reward_index=batch.extra.to(device))
+    r = out.rewards
+    if not with_nll:
+        return r[:B], r[B:]
+    mask = (targets != -100).float()
+    return r[:B], r[B:], -(out.logprobs.float() * mask).sum() / mask.sum().clamp_min(1)
 
 
 class RewardObjective:
+    """-log σ(r_chosen - r_rejected), plus `lm_weight` x the chosen completions' NLL per token."""
+
     name = "rm"
 
-    def __init__(self, heldout: list, pad_id: int):
-        self.heldout, self.pad_id = heldout, pad_id
+    def __init__(self, heldout: list, pad_id: int, lm_weight: float = 0.0):
+        self.heldout, self.pad_id, self.lm_weight = heldout, pad_id, lm_weight
 
     def units(self, batch: PrefBatch) -> int:
         return len(batch.index)
 
     def __call__(self, model, batch: PrefBatch, device) -> ObjectiveOutput:
-        chosen, rejected = pair_rewards(model, batch, device)
+        chosen, rejected, *nll = pair_rewards(model, batch, device, with_nll=bool(self.lm_weight))
         loss = -F.logsigmoid(chosen - rejected).mean()
-        return ObjectiveOutput(loss, {"loss": loss.detach(), "accuracy": (chosen > rejected).float().mean(),
-                                      "margin": (chosen - rejected).mean().detach()})
+        metrics = {"loss": loss.detach(), "accuracy": (chosen > rejected).float().mean(),
+                   "margin": (chosen - rejected).mean().detach()}
+        if nll:
+            metrics["bt_loss"], metrics["chosen_nll"] = loss.detach(), nll[0].detach()
+            loss = loss + self.lm_weight * nll[0]
+            metrics["loss"] = loss.detach()
+        return ObjectiveOutput(loss, metrics)
 
     @torch.no_grad()
     def evaluate(self, state) -> tuple[dict, str]:
@@ -111,7 +126,7 @@ def rm(cfg: RMConfig, out_dir: str | Path, resume: bool = False) -> dict:
                             f"missing {missing[:2]})")
         note(f"{len(train):,} pairs ({len(held):,} held out), {len(report.skipped):,} skipped, "
              f"{cfg.train.max_steps:,} steps")
-        state = build_state(cfg, d, RewardObjective(held, pad), loader, tokenizer=tok, run_dir=out, model=model)
+        state = build_state(cfg, d, RewardObjective(held, pad, section.lm_weight), loader, tokenizer=tok, run_dir=out, model=model)
         if d.is_main and not resume:
             atomic_write_json(out / DATA_REPORT_FILE, {**report.to_dict(), "train": len(train), "heldout": len(held)})
         return run(state, resume=resume, changes=s.changes, stop=s.stop, began=s.began)

@@ -54,7 +54,7 @@ def rft(cfg: RFTConfig, out_dir: str | Path) -> list[dict]:
         if n <= len(history) and done.is_file():
             current = str(run_dir)
             continue
-        model, tok = load_for_inference(current, device="cpu", merge=True)
+        model, tok = load_for_inference(current, device=cfg.train.device, merge=True)
         context = model.cfg.max_seq_len - r.max_new_tokens
         prompts, held, bad = read_prompts(r.prompts, tok, context)
         if r.eval_prompts:
@@ -77,7 +77,7 @@ def rft(cfg: RFTConfig, out_dir: str | Path) -> list[dict]:
         del model
         round_cfg = dataclasses.replace(cfg, base=str(current), sft=dataclasses.replace(cfg.sft, data=[str(samples)]))
         summary = sft(round_cfg, run_dir, resume=is_run_dir(run_dir))
-        model, tok = load_for_inference(run_dir, device="cpu", merge=True)
+        model, tok = load_for_inference(run_dir, device=cfg.train.device, merge=True)
         after = _heldout_reward(model, tok, held, rewards, r.max_new_tokens)
         record = {"round": n, "base": str(current), "samples": stats["samples"], "sample_reward": stats["mean_reward"],
                   "kept": stats["kept"], "heldout_reward_before": before, "heldout_reward_after": after,

@@ -79,13 +79,19 @@ def read_prompts(paths, tok, max_len: int) -> tuple[list[Prompt], list[Prompt], 
 
 
 def sample_scored(gen: Generator, prompts: list[Prompt], rewards, k: int, errors: list[str] | None = None,
+                  batch_rows: int = 32, progress: bool = False,
                   **sampling) -> tuple[list, list[float], dict[str, list[float]]]:
     """k completions of each prompt (prompt-major), their total rewards and each reward's values;
-    reward failures are appended to `errors` as "prompt: reason" (they score 0)."""
+    reward failures are appended to `errors` as "prompt: reason" (they score 0). Rows are sampled
+    `batch_rows` at a time (the KV cache grows with rows x context), each batch with its own seed."""
+    from tqdm import tqdm
+
     outs = []
     rows = [p.ids for p in prompts for _ in range(k)]
-    for i in range(0, len(rows), 32):  # bounded batches: the KV cache grows with rows x context
-        outs += gen.complete_ids(rows[i : i + 32], **{**sampling, "seed": sampling.get("seed", 0) + i})
+    with tqdm(total=len(rows), desc="sampling", unit=" samples", disable=not progress, leave=False) as bar:
+        for i in range(0, len(rows), batch_rows):
+            outs += gen.complete_ids(rows[i : i + batch_rows], **{**sampling, "seed": sampling.get("seed", 0) + i})
+            bar.update(len(rows[i : i + batch_rows]))
     totals, parts = [], {}
     for i, o in enumerate(outs):
         p = prompts[i // k]
