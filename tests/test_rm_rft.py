@@ -72,6 +72,33 @@ def test_language_modelling_term_is_the_chosen_completions_nll(root):
     assert nll / count > 1.0  # an untrained model: the term is large enough to matter in the sum
 
 
+def test_pair_ranking_benchmark_counts_what_each_model_prefers(root):
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from pair_ranking import rank_pairs
+
+    tok = small_tokenizer()
+    pairs, _ = read_pairs([root / "pairs.jsonl"], tok, 64)
+    for p in pairs[::3]:  # a third of the pairs the other way round: whatever a model prefers, it is right
+        p.chosen, p.rejected = p.rejected, p.chosen  # on a third or on two thirds, never on all or none
+    torch.manual_seed(1)
+    lm, rm_model = tiny_model(), tiny_model(value_head=True)
+    right_lm = right_rm = 0
+    for p in pairs:  # the direct reading: one conversation at a time
+        scores = []
+        for completion in (p.chosen, p.rejected):
+            ids = torch.tensor([p.prompt + completion])
+            logits = lm(ids, return_logits=True).logits[0, len(p.prompt) - 1 : -1].float()
+            scores.append(-float(F.cross_entropy(logits, ids[0, len(p.prompt):], reduction="sum")))
+            scores.append(float(rm_model(ids, score="reward", reward_index=torch.tensor([ids.shape[1] - 1])).rewards[0]))
+        right_lm += scores[0] > scores[2]
+        right_rm += scores[1] > scores[3]
+    lm_result, rm_result = rank_pairs(lm, tok, pairs, batch_size=7), rank_pairs(rm_model, tok, pairs, batch_size=7)
+    assert lm_result["accuracy_sum"] == right_lm / len(pairs) and rm_result["accuracy"] == right_rm / len(pairs)
+    assert {right_lm, right_rm} <= {20, 40}
+
+
 def test_reward_model_learns_the_preference_and_ranks_samples(root, tmp_path):
     cfg = load_config(RMConfig, None, [f"base={json.dumps(str(root / 'base'))}",
                                        f"rm.data={json.dumps([str(root / 'pairs.jsonl')])}", "rm.val_fraction=0.2",
