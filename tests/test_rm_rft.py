@@ -109,6 +109,21 @@ def test_reward_model_learns_the_preference_and_ranks_samples(root, tmp_path):
     assert summary["eval"]["val_accuracy"] >= 0.8
     scorer = RewardModelScorer(tmp_path / "rm")
     assert scorer("Is 5 more than 2?", "yes indeed") > scorer("Is 5 more than 2?", "no never")
+    # a chat prompt's whole conversation reaches the reward model (through rewards.score), the system
+    # message included; a plain reward function still sees only the user's message
+    from groundup.posttrain.preference import full_rows
+    from groundup.posttrain.rewards import Reward, score
+
+    conversation = [{"role": "system", "content": "Answer in one word."}, {"role": "user", "content": "Is 5 more than 2?"}]
+    ids, _ = scorer.tok.render_chat(conversation + [{"role": "assistant", "content": "yes indeed"}])
+    x, last = full_rows([ids], 0)
+    direct = float(scorer.model(x, score="reward", reward_index=last).rewards[0])
+    seen = []
+    total, parts, error = score([Reward("rm", scorer), Reward("plain", lambda prompt, completion, **f: seen.append(f) or 0.0)],
+                                "Is 5 more than 2?", "yes indeed", {"answer": "yes"}, conversation)
+    assert error is None and parts["rm"] == pytest.approx(direct, abs=1e-6)
+    assert parts["rm"] != pytest.approx(scorer("Is 5 more than 2?", "yes indeed"), abs=1e-6)  # the system message counts
+    assert seen == [{"answer": "yes"}]
     result = run_cli("generate", "--checkpoint", str(root / "base"), "--prompt", "Is 7 more than 3?", "--best-of", "3",
                      "--reward", f"rm:{tmp_path / 'rm'}", "--max-new-tokens", "4", "--json")
     line = json.loads(result.stdout.splitlines()[0])

@@ -120,7 +120,7 @@ class GRPOObjective:
                                      temperature=0)
         sums: dict[str, float] = {}
         for p, o in zip(prompts, outs):
-            total, parts, _ = score(self.rewards, p.text, o.text, p.fields)
+            total, parts, _ = score(self.rewards, p.text, o.text, p.fields, p.messages)
             for k, v in {"reward": total, **{f"reward/{k}": v for k, v in parts.items()}}.items():
                 sums[k] = sums.get(k, 0.0) + v
         record.update({f"val_{k}": v / len(prompts) for k, v in sums.items()})

@@ -133,7 +133,11 @@ def rm(cfg: RMConfig, out_dir: str | Path, resume: bool = False) -> dict:
 
 
 class RewardModelScorer:
-    """`scorer(prompt, completion) -> float`: a trained reward model's score of one chat turn."""
+    """`scorer(prompt, completion, messages=None) -> float`: a trained reward model's score of one chat
+    turn; with `messages` (the prompt's conversation, system message included) it reads them, as it
+    was trained, rather than the user's last message alone."""
+
+    wants_messages = True  # `rewards.score` passes a chat prompt's conversation
 
     def __init__(self, path: str | Path, device: str = "cpu"):
         from groundup.infer.loading import load_for_inference
@@ -144,7 +148,8 @@ class RewardModelScorer:
         self.device = device
 
     @torch.no_grad()
-    def __call__(self, prompt: str, completion: str, **_) -> float:
-        full, _ = self.tok.render_chat([{"role": "user", "content": prompt}, {"role": "assistant", "content": completion}])
+    def __call__(self, prompt: str, completion: str, messages: list[dict] | None = None, **_) -> float:
+        conversation = list(messages or [{"role": "user", "content": prompt}])
+        full, _ = self.tok.render_chat(conversation + [{"role": "assistant", "content": completion}])
         x, last = full_rows([full], self.tok.eot_id)
         return float(self.model(x.to(self.device), score="reward", reward_index=last.to(self.device)).rewards[0])

@@ -102,12 +102,16 @@ def load_rewards(specs: list[str], weights: list[float] | None = None) -> list[R
     return [Reward(s, load_reward(s), float(w)) for s, w in zip(specs, weights)]
 
 
-def score(rewards: list[Reward], prompt: str, completion: str, fields: dict) -> tuple[float, dict[str, float], str | None]:
-    """(weighted total, each reward's value, the first failure or None)."""
+def score(rewards: list[Reward], prompt: str, completion: str, fields: dict,
+          messages: list[dict] | None = None) -> tuple[float, dict[str, float], str | None]:
+    """(weighted total, each reward's value, the first failure or None). `messages`: a chat prompt's
+    whole conversation, given to the rewards that read it (a reward model: `wants_messages = True`);
+    the others see the last user message as `prompt`."""
     parts, error = {}, None
     for r in rewards:
         try:
-            value = float(r.fn(prompt, completion, **fields))
+            extra = {"messages": messages} if messages is not None and getattr(r.fn, "wants_messages", False) else {}
+            value = float(r.fn(prompt, completion, **fields, **extra))
             if not math.isfinite(value):
                 raise ValueError(f"returned {value}")
         except Exception as e:  # noqa: BLE001 - a user's reward may raise anything; one sample pays, not the run

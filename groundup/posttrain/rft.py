@@ -35,7 +35,7 @@ def _heldout_reward(model, tok, prompts, rewards, max_new: int) -> float | None:
         return None
     gen = Generator(model, tok)
     outs = gen.complete_ids([p.ids for p in prompts], max_new_tokens=max_new, temperature=0)
-    return sum(score(rewards, p.text, o.text, p.fields)[0] for p, o in zip(prompts, outs)) / len(prompts)
+    return sum(score(rewards, p.text, o.text, p.fields, p.messages)[0] for p, o in zip(prompts, outs)) / len(prompts)
 
 
 def rft(cfg: RFTConfig, out_dir: str | Path) -> list[dict]:

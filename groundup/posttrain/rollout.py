@@ -95,7 +95,7 @@ def sample_scored(gen: Generator, prompts: list[Prompt], rewards, k: int, errors
     totals, parts = [], {}
     for i, o in enumerate(outs):
         p = prompts[i // k]
-        total, comps, error = score(rewards, p.text, o.text, p.fields)
+        total, comps, error = score(rewards, p.text, o.text, p.fields, p.messages)
         if error and errors is not None:
             errors.append(f"{p.text[:60]!r}: {error}")
         totals.append(total)
