@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from groundup.errors import DataError
 from groundup.io import atomic_write_json
 from groundup.layout import DATA_REPORT_FILE
+from groundup.model.loss import IGNORE_INDEX
 from groundup.model.transformer import Transformer
 from groundup.posttrain.config import RMConfig
 from groundup.posttrain.pairs import read_pairs, split_heldout
@@ -44,7 +45,7 @@ def pair_rewards(model, batch: PrefBatch, device, with_nll: bool = False):
     r = out.rewards
     if not with_nll:
         return r[:B], r[B:]
-    mask = (targets != -100).float()
+    mask = (targets != IGNORE_INDEX).float()
     return r[:B], r[B:], -(out.logprobs.float() * mask).sum() / mask.sum().clamp_min(1)
 
 
@@ -126,7 +127,8 @@ def rm(cfg: RMConfig, out_dir: str | Path, resume: bool = False) -> dict:
                             f"missing {missing[:2]})")
         note(f"{len(train):,} pairs ({len(held):,} held out), {len(report.skipped):,} skipped, "
              f"{cfg.train.max_steps:,} steps")
-        state = build_state(cfg, d, RewardObjective(held, pad, section.lm_weight), loader, tokenizer=tok, run_dir=out, model=model)
+        objective = RewardObjective(held, pad, section.lm_weight)
+        state = build_state(cfg, d, objective, loader, tokenizer=tok, run_dir=out, model=model)
         if d.is_main and not resume:
             atomic_write_json(out / DATA_REPORT_FILE, {**report.to_dict(), "train": len(train), "heldout": len(held)})
         return run(state, resume=resume, changes=s.changes, stop=s.stop, began=s.began)

@@ -48,15 +48,12 @@ def make_pairs(gen, prompts: list[Prompt], rewards, k: int, errors: list[str] | 
         record = {k2: v for k2, v in p.fields.items() if k2 != "split"}
         ranked = ranked_pairs(texts, scores, per_prompt)
         paired += bool(ranked)
+        chat = p.messages is not None  # a chat prompt's replies are assistant messages, a text's plain text
+        reply = (lambda t: [{"role": "assistant", "content": t}]) if chat else (lambda t: t)
         for best, worst in ranked:
-            chosen, rejected = texts[best], texts[worst]
-            if p.messages is not None:
-                pairs.append({"prompt": p.messages, "chosen": [{"role": "assistant", "content": chosen}],
-                              "rejected": [{"role": "assistant", "content": rejected}], "chosen_score": scores[best],
-                              "rejected_score": scores[worst], **record})
-            else:
-                pairs.append({"prompt": p.text, "chosen": chosen, "rejected": rejected, "chosen_score": scores[best],
-                              "rejected_score": scores[worst], **record})
+            pairs.append({"prompt": p.messages if chat else p.text, "chosen": reply(texts[best]),
+                          "rejected": reply(texts[worst]), "chosen_score": scores[best],
+                          "rejected_score": scores[worst], **record})
     return pairs, paired
 
 
