@@ -179,3 +179,56 @@ def test_rejection_sampling_rounds(root, tmp_path):
     assert metrics(tmp_path / "out" / "round_02" / "run")[0]
     again = rft(cfg, tmp_path / "out")  # finished rounds are reused
     assert again == history
+
+
+def pairs_run(root, out, *extra):
+    """`groundup data pairs` in this process (so a test can stop it part-way)."""
+    import argparse
+
+    from groundup.posttrain.data_commands import pairs, pairs_arguments
+
+    parser = argparse.ArgumentParser()
+    pairs_arguments(parser)
+    return pairs(parser.parse_args(["--model", str(root / "base"), "--prompts", str(root / "prompts.jsonl"), "--reward",
+                                    "reward_mod:has_e", "--out", str(out), "--samples", "4", "--max-new-tokens", "12",
+                                    "--batch-size", "6", "--device", "cpu", "--no-progress", *extra]))
+
+
+def test_pairs_stopped_part_way_resume_to_the_same_file(root, tmp_path, monkeypatch):
+    import groundup.posttrain.pairs_job as job
+    from groundup.errors import DataError
+
+    whole = tmp_path / "whole.jsonl"
+    pairs_run(root, whole)  # one chunk: the 6 prompts' 24 samples in four batches of 6 rows
+    out = tmp_path / "p.jsonl"
+    real, calls = job.make_pairs, []
+
+    def stop_at_second_chunk(gen, part, *args, **kwargs):
+        calls.append(len(part))
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(gen, part, *args, **kwargs)
+
+    monkeypatch.setattr(job, "make_pairs", stop_at_second_chunk)
+    with pytest.raises(KeyboardInterrupt):
+        pairs_run(root, out, "--chunk", "1")  # rounded up to 3 prompts: 12 rows, two whole batches
+    assert calls == [3, 3] and not out.exists()
+    record = json.loads((tmp_path / "p.jsonl.progress.json").read_text())
+    partial = tmp_path / "p.jsonl.partial"
+    assert record["prompts_done"] == 3 and record["bytes"] == partial.stat().st_size > 0
+    assert whole.read_bytes().startswith(partial.read_bytes())  # the first chunk's pairs, as the whole run wrote them
+    with pytest.raises(DataError, match=r"unfinished run is here \(3 prompts done.*pass --resume"):
+        pairs_run(root, out)
+    with pytest.raises(DataError, match=r"cannot resume.*seed: 0 -> 1"):
+        pairs_run(root, out, "--resume", "--seed", "1")
+    with partial.open("ab") as f:
+        f.write(b'{"prompt": "half-writ')  # a chunk cut off mid-write: dropped and redone
+    monkeypatch.setattr(job, "make_pairs", real)
+    pairs_run(root, out, "--resume", "--chunk", "1")
+    assert out.read_bytes() == whole.read_bytes()
+    assert not partial.exists() and not (tmp_path / "p.jsonl.progress.json").exists()
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["p.jsonl", "whole.jsonl"]  # no lock file left behind
+    with pytest.raises(DataError, match="nothing to resume"):
+        pairs_run(root, tmp_path / "never.jsonl", "--resume")
+    with pytest.raises(DataError, match="already exists"):
+        pairs_run(root, out)

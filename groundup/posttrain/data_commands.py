@@ -1,6 +1,10 @@
 """`groundup data pairs`: preference pairs from a model's own samples, ranked by verifiable rewards.
 
     groundup data pairs --model runs/sft --prompts chat/chat-math.jsonl --reward exact_match --out pairs.jsonl
+    groundup data pairs ... --resume          # after a crash or Ctrl-C: continue from the last finished chunk
+
+The work is saved a chunk of prompts at a time (posttrain/pairs_job.py), so a stopped run loses at
+most one chunk and a resumed one writes the same file as an uninterrupted run.
 """
 
 from __future__ import annotations
@@ -23,37 +27,60 @@ def pairs_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--limit", type=int, default=None, help="at most this many prompts")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    p.add_argument("--overwrite", action="store_true", help="replace --out (when the new one is complete) and "
+                   "discard an unfinished run's work")
+    p.add_argument("--resume", action="store_true", help="continue the unfinished run of --out (same settings)")
+    p.add_argument("--chunk", type=int, default=256, help="prompts sampled between saves of the work done (256; "
+                   "rounded up to whole sampling batches)")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default: CUDA when present)")
     p.add_argument("--batch-size", type=int, default=32, help="completions sampled together (32; larger on a GPU)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def pairs(args: argparse.Namespace) -> int:
-    from groundup.errors import ConfigError, DataError
+    from groundup.errors import ConfigError
     from groundup.infer import Generator
     from groundup.infer.loading import load_for_inference
+    from groundup.posttrain.pairs_job import PairsJob
     from groundup.posttrain.rewards import load_rewards, parse_reward_args
     from groundup.posttrain.rollout import read_prompts
-    from groundup.posttrain.sampled_data import make_pairs, write_jsonl
 
     if args.samples < 2:
         raise ConfigError(f"--samples {args.samples}: expected at least 2 (a pair needs two samples)", key="samples")
-    if args.out.exists() and not args.overwrite:
-        raise DataError(f"{args.out} already exists: choose another --out or pass --overwrite")
+    for flag, value in (("--pairs-per-prompt", args.pairs_per_prompt), ("--batch-size", args.batch_size),
+                        ("--chunk", args.chunk)):
+        if value < 1:
+            raise ConfigError(f"{flag} {value}: expected at least 1", key=flag.strip("-").replace("-", "_"))
+    if args.resume and args.overwrite:
+        raise ConfigError("--resume and --overwrite: choose one (continue the unfinished run, or start again)",
+                          key="resume")
     rewards = load_rewards(*parse_reward_args(args.reward))
-    if args.pairs_per_prompt < 1:
-        raise ConfigError(f"--pairs-per-prompt {args.pairs_per_prompt}: expected at least 1", key="pairs_per_prompt")
-    if args.batch_size < 1:
-        raise ConfigError(f"--batch-size {args.batch_size}: expected at least 1", key="batch_size")
-    model, tok = load_for_inference(args.model, device=args.device, merge=True)
-    prompts, held, bad = read_prompts(args.prompts, tok, model.cfg.max_seq_len - args.max_new_tokens)
-    prompts = (prompts + held)[: args.limit]
-    errors: list[str] = []
-    records, paired = make_pairs(Generator(model, tok), prompts, rewards, args.samples, errors,
-                         per_prompt=args.pairs_per_prompt, batch_rows=args.batch_size, progress=not args.no_progress,
-                         max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed)
-    write_jsonl(records, args.out)
-    print(f"{args.out}: {len(records):,} pairs from {len(prompts):,} prompts ({len(prompts) - paired:,} had "
-          f"samples all scored alike; {len(bad):,} prompt records skipped, {len(errors):,} reward failures)")
+    job = PairsJob(args.out, pairs_settings(args), resume=args.resume, overwrite=args.overwrite)
+    with job.locked():
+        model, tok = load_for_inference(args.model, device=args.device, merge=True)
+        prompts, held, bad = read_prompts(args.prompts, tok, model.cfg.max_seq_len - args.max_new_tokens)
+        prompts = (prompts + held)[: args.limit]
+        done = job.state["prompts_done"]
+        if done:
+            print(f"{args.out}: resuming after {done:,} of {len(prompts):,} prompts ({job.state['pairs']:,} pairs so far)")
+        state = job.run(Generator(model, tok), prompts, rewards, args.samples, args.chunk, args.batch_size, args.seed,
+                        per_prompt=args.pairs_per_prompt, progress=not args.no_progress,
+                        max_new_tokens=args.max_new_tokens, temperature=args.temperature)
+    for example in state["failure_examples"]:
+        print(f"reward failure: {example}")
+    print(f"{args.out}: {state['pairs']:,} pairs from {len(prompts):,} prompts ({len(prompts) - state['paired']:,} "
+          f"had samples all scored alike; {len(bad):,} prompt records skipped, {state['reward_failures']:,} reward "
+          "failures)")
     return 0
+
+
+def pairs_settings(args: argparse.Namespace) -> dict:
+    """What a resumed run must share with the run it continues (the device and chunk size may change)."""
+    from groundup.data.tasks import input_fingerprint
+    from groundup.layout import resolve_model_dir
+
+    model = resolve_model_dir(args.model, note=lambda _: None)
+    return {"model": input_fingerprint([model])[0], "prompts": input_fingerprint(args.prompts),
+            "rewards": list(args.reward), "samples": args.samples, "pairs_per_prompt": args.pairs_per_prompt,
+            "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "limit": args.limit,
+            "seed": args.seed, "batch_size": args.batch_size}

@@ -1,0 +1,129 @@
+"""`groundup data pairs` as a job that never loses finished work.
+
+    job = PairsJob(out, settings, resume=False, overwrite=False)   # checks what is already at OUT
+    with job.locked():
+        report = job.run(gen, prompts, rewards, k=8, chunk=256, batch_rows=32, seed=0, max_new_tokens=48)
+
+The prompts are sampled a chunk at a time. Each chunk's pairs are appended to `OUT.partial` and
+flushed to disk, then `OUT.progress.json` records how many prompts are done and how long the partial
+file is, so a crash, a kill or Ctrl-C loses at most the chunk in flight. `--resume` continues from
+that record (a partial file longer than recorded, a half-written chunk, is cut back first) after
+checking that the model, prompt files and sampling settings are the ones it was started with. The
+finished file is the same bytes as one uninterrupted run: every sampling batch's seed is the run's
+seed plus the batch's first row, and a chunk holds whole batches. When every prompt is done,
+`OUT.partial` becomes OUT in one rename (an OUT already there is only replaced then, with
+`--overwrite`) and the record is removed. One process writes an OUT at a time (`.OUT.lock` beside it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+from pathlib import Path
+
+from groundup.errors import DataError
+from groundup.io import atomic_write_json, read_json, writer_lock
+from groundup.posttrain.sampled_data import make_pairs
+
+PROGRESS_VERSION = 1
+MAX_FAILURE_EXAMPLES = 20  # reward failures kept verbatim in the record (all of them are counted)
+
+
+def chunk_prompts(target: int, k: int, batch_rows: int) -> int:
+    """The prompts of a chunk: at least `target`, rounded up so that a chunk's k x prompts rows fill whole
+    sampling batches (what keeps a chunked run's samples identical to an unchunked one)."""
+    unit = batch_rows // math.gcd(k, batch_rows)
+    return unit * max(1, -(-target // unit))
+
+
+class PairsJob:
+    def __init__(self, out: str | Path, settings: dict, resume: bool = False, overwrite: bool = False):
+        self.out = Path(out)
+        self.partial = self.out.with_name(self.out.name + ".partial")
+        self.record = self.out.with_name(self.out.name + ".progress.json")
+        self.settings, self.resume, self.overwrite = settings, resume, overwrite
+
+    @contextlib.contextmanager
+    def locked(self):
+        """Hold the output's lock, then decide (under it) whether this run starts afresh or continues."""
+        lock = f".{self.out.name}.lock"
+        with writer_lock(self.out.parent, lock):
+            try:
+                self.state = self._start()
+                yield self
+            finally:
+                if not self.record.exists() and not self.partial.exists():  # nothing unfinished: no lock file left
+                    (self.out.parent / lock).unlink(missing_ok=True)
+
+    def _fresh(self) -> dict:
+        return {"version": PROGRESS_VERSION, "settings": self.settings, "prompts_done": 0, "bytes": 0, "pairs": 0,
+                "paired": 0, "reward_failures": 0, "failure_examples": []}
+
+    def _start(self) -> dict:
+        if self.resume:
+            return self._continue()
+        if self.record.exists() or self.partial.exists():
+            if not self.overwrite:
+                done = self._peek_done()
+                raise DataError(f"{self.out}: an unfinished run is here ({done} prompts done, {self.record.name}): "
+                                "pass --resume to continue it or --overwrite to start again")
+        elif self.out.exists() and not self.overwrite:
+            raise DataError(f"{self.out} already exists: choose another --out or pass --overwrite")
+        self.partial.unlink(missing_ok=True)
+        self.record.unlink(missing_ok=True)
+        return self._fresh()
+
+    def _peek_done(self) -> str:
+        try:
+            return f"{int(read_json(self.record, dict)['prompts_done']):,}"
+        except Exception:
+            return "an unknown number of"
+
+    def _continue(self) -> dict:
+        if not self.record.exists():
+            raise DataError(f"{self.out}: nothing to resume ({self.record.name} not found); run without --resume")
+        state = read_json(self.record, dict)
+        if state.get("version") != PROGRESS_VERSION or not isinstance(state.get("settings"), dict):
+            raise DataError(f"{self.record}: not a progress record of this version of groundup data pairs; "
+                            "start again with --overwrite")
+        changed = [k for k in sorted(set(state["settings"]) | set(self.settings))
+                   if state["settings"].get(k) != self.settings.get(k)]
+        if changed:
+            lines = "; ".join(f"{k}: {state['settings'].get(k)!r} -> {self.settings.get(k)!r}" for k in changed)
+            raise DataError(f"{self.out}: cannot resume, the run was started with other settings ({lines}); "
+                            "use the same ones or start again with --overwrite")
+        have = self.partial.stat().st_size if self.partial.exists() else -1
+        if have < state["bytes"]:
+            raise DataError(f"{self.partial}: {max(have, 0):,} bytes where {self.record.name} records "
+                            f"{state['bytes']:,}; the partial file was changed: start again with --overwrite")
+        if have > state["bytes"]:  # a chunk was being written when the run stopped: drop it, it is redone
+            os.truncate(self.partial, state["bytes"])
+        return state
+
+    def run(self, gen, prompts: list, rewards, k: int, chunk: int, batch_rows: int, seed: int, per_prompt: int = 1,
+            progress: bool = True, **sampling) -> dict:
+        """Sample the prompts not done yet, chunk by chunk; returns the final record (counts over the whole
+        run, resumed parts included)."""
+        from tqdm import tqdm
+
+        state, size = self.state, chunk_prompts(chunk, k, batch_rows)
+        with open(self.partial, "ab") as f, tqdm(total=len(prompts), initial=state["prompts_done"], unit=" prompts",
+                                                  desc="pairs", disable=not progress) as bar:
+            for start in range(state["prompts_done"], len(prompts), size):
+                part, errors = prompts[start : start + size], []
+                records, paired = make_pairs(gen, part, rewards, k, errors, per_prompt=per_prompt,
+                                             batch_rows=batch_rows, seed=seed + start * k, **sampling)
+                f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records).encode("utf-8"))
+                f.flush()
+                os.fsync(f.fileno())
+                room = MAX_FAILURE_EXAMPLES - len(state["failure_examples"])
+                state.update(prompts_done=start + len(part), bytes=f.tell(), pairs=state["pairs"] + len(records),
+                             paired=state["paired"] + paired, reward_failures=state["reward_failures"] + len(errors),
+                             failure_examples=state["failure_examples"] + errors[: max(room, 0)])
+                atomic_write_json(self.record, state)
+                bar.update(len(part))
+        os.replace(self.partial, self.out)
+        self.record.unlink()
+        return state
