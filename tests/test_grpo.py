@@ -3,6 +3,7 @@ on the training core with rewards that fail, exact resume mid-iterations; the sh
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import shutil
@@ -148,6 +149,41 @@ def test_log_probabilities_are_those_of_the_sampling_temperature(setup):
     assert (gather(torch.log_softmax(logits, dim=-1)) - tempered).abs().max() > 0.05  # T 1 would differ
     out = GRPOObjective(section, rewards=load_rewards(section.rewards), tokenizer=tok)(model, batch, "cpu")
     assert float(out.metrics["clip_fraction"]) == 0 and float(out.metrics["kl"]) == pytest.approx(0, abs=1e-6)
+
+
+def test_truncated_completions_count_in_advantages_but_are_not_trained(setup):
+    """grpo.mask_truncated (TRL's mask_truncated_completions): the same samples and advantages, but a
+    reply cut off at max_new_tokens has no target left, and a batch of only such replies trains nothing."""
+    from groundup.posttrain.config import GRPOSection
+    from groundup.posttrain.grpo import GRPOObjective
+    from groundup.posttrain.rollout import RolloutLoader, read_prompts
+
+    tok, model = small_tokenizer(), tiny_model(max_seq_len=128, init_std=0.2)
+    prompts, _, _ = read_prompts([setup / "prompts.jsonl"], tok, 120)
+    batches = {}
+    for mask in (False, True):
+        section = GRPOSection(group_size=4, prompts_per_batch=8, max_new_tokens=3, temperature=1.0,
+                              loss_aggregation="token", rewards=["reward_helpers:has_e"], mask_truncated=mask)
+        loader = RolloutLoader(prompts, section, load_rewards(section.rewards), tok)
+        loader.bind(model)
+        batches[mask] = (section, next(loader))
+    plain, masked = batches[False][1], batches[True][1]
+    assert 0 < plain.stats["truncated"] < 1  # three tokens: most replies are cut off, not all
+    assert torch.equal(plain.inputs, masked.inputs) and torch.equal(plain.advantages, masked.advantages)
+    dropped = (masked.targets == -100).all(dim=1)
+    assert 0 < dropped.sum() < len(dropped)
+    assert ((plain.targets[dropped] != -100).sum(dim=1) == 3).all()  # cut off at max_new_tokens
+    assert torch.equal(plain.targets[~dropped], masked.targets[~dropped])  # replies that ended keep their targets
+    section = batches[True][0]
+    objective = GRPOObjective(section, rewards=load_rewards(section.rewards), tokenizer=tok)
+    kept = dataclasses.replace(plain, **{k: getattr(plain, k)[~dropped] for k in
+                                         ("inputs", "targets", "old_logps", "advantages")})
+    loss = {k: objective(model, b, "cpu").loss.item() for k, b in (("masked", masked), ("kept", kept))}
+    assert loss["masked"] == pytest.approx(loss["kept"], abs=1e-6)  # per token: the cut-off replies add nothing
+    none_left = dataclasses.replace(masked, targets=torch.full_like(masked.targets, -100))
+    out = objective(model, none_left, "cpu")
+    grads = torch.autograd.grad(out.loss, list(model.parameters()), allow_unused=True)
+    assert out.loss.item() == 0 and all(g is None or not g.any() for g in grads)
 
 
 @pytest.fixture(autouse=True, scope="module")

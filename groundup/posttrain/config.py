@@ -187,6 +187,10 @@ class GRPOSection:
     scale_rewards: bool = True  # divide advantages by the group's standard deviation; false = Dr. GRPO
     loss_aggregation: Literal["sequence", "token", "dr_grpo"] = "sequence"  # GRPO; DAPO's per token; Dr. GRPO's
     max_resample: int = 8  # batches drawn again when every group's rewards are all equal (nothing to learn)
+    # completions cut off at max_new_tokens score and count in their group's advantages but get no gradient
+    # (TRL's mask_truncated_completions, DAPO's overlong filtering): what a reply says after its answer while
+    # never ending its turn is not reinforced
+    mask_truncated: bool = False
     eval_count: int = 64  # held-out prompts answered greedily at each evaluation
     seed: int = 0
 

@@ -90,7 +90,7 @@ class GRPOObjective:
 
     def __call__(self, model, batch: RolloutBatch, device) -> ObjectiveOutput:
         c = self.cfg
-        if not len(batch.advantages):  # nothing to learn this time (every group had equal rewards)
+        if not (batch.targets != -100).any():  # nothing to learn: every group alike, or every reply cut off and masked
             zero = sum(p.sum() * 0 for p in model.parameters() if p.requires_grad)
             return ObjectiveOutput(zero, self._metrics(batch.stats))
         targets = batch.targets.to(device)

@@ -10,7 +10,9 @@ generation engine (KV cache, batched), with the old log-probability of every sam
 them with the rewards, and turns rewards into advantages within each group: (r - mean) / (std + 1e-4)
 (std is the group's sample standard deviation, as TRL's), or r - mean without scaling (Dr. GRPO).
 A group whose rewards are all equal teaches nothing: it is counted and left out, and when every group
-of a batch is such, new prompts are drawn (up to `max_resample` times). An optimizer step takes
+of a batch is such, new prompts are drawn (up to `max_resample` times). With `mask_truncated` a
+completion cut off at `max_new_tokens` keeps its place in its group's advantages but no token of it
+is trained on (its targets are ignored), as TRL's mask_truncated_completions. An optimizer step takes
 `grad_accum` batches, all sampled from the policy before the step; with `iterations` > 1 the same
 batches are used for that many steps, their old log-probs fixed at sampling.
 
@@ -198,6 +200,7 @@ class RolloutLoader:
         return self._tensors([rows[i] for i in keep], [outs[i] for i in keep], adv.view(-1)[keep], stats)
 
     def _tensors(self, rows, outs, advantages, stats) -> RolloutBatch:
+        """The batch's tensors; with `mask_truncated` a cut-off completion's targets are all ignored."""
         T = max(len(p) + len(o.token_ids) for p, o in zip(rows, outs)) - 1
         pad = self.tok.pad_id if self.tok.pad_id is not None else self.tok.eot_id
         x = torch.full((len(rows), T), pad, dtype=torch.long)
@@ -206,7 +209,8 @@ class RolloutLoader:
         for i, (p, o) in enumerate(zip(rows, outs)):
             seq = torch.tensor(p + o.token_ids)
             x[i, : len(seq) - 1] = seq[:-1]
-            t[i, len(p) - 1 : len(seq) - 1] = seq[len(p):]
+            if not (self.cfg.mask_truncated and o.finish_reason == "length"):
+                t[i, len(p) - 1 : len(seq) - 1] = seq[len(p):]
             old[i, len(p) - 1 : len(seq) - 1] = torch.tensor(o.logprobs)
         ref = None
         if self.cfg.beta:
