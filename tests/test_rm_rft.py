@@ -181,6 +181,40 @@ def test_rejection_sampling_rounds(root, tmp_path):
     assert again == history
 
 
+def test_rejection_sampling_stopped_mid_sampling_continues_to_the_same_samples(root, tmp_path, monkeypatch):
+    import groundup.posttrain.rft as rft_module
+
+    cfg = load_config(RFTConfig, None, [f"base={json.dumps(str(root / 'base'))}",
+                                        f"rft.prompts={json.dumps([str(root / 'prompts.jsonl')])}",
+                                        'rft.rewards=["reward_mod:has_e"]', "rft.samples=3", "rft.max_new_tokens=8",
+                                        "rft.eval_count=0", "train.seq_len=64", "train.batch_size=2",
+                                        "train.max_steps=1", "log.progress=false", "eval.at_end=false"])
+    monkeypatch.setattr(rft_module, "SAMPLE_ROWS", 3)  # one prompt's samples a batch,
+    monkeypatch.setattr(rft_module, "SAMPLE_CHUNK", 2)  # two prompts a chunk: the 6 prompts in three chunks
+    rft(cfg, tmp_path / "whole")
+    real, calls = rft_module.best_completions, []
+
+    def stop_at_third_chunk(gen, part, *args, **kwargs):
+        calls.append(len(part))
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(gen, part, *args, **kwargs)
+
+    monkeypatch.setattr(rft_module, "best_completions", stop_at_third_chunk)
+    with pytest.raises(KeyboardInterrupt):
+        rft(cfg, tmp_path / "out")
+    round_dir = tmp_path / "out" / "round_01"
+    assert json.loads((round_dir / "samples.jsonl.progress.json").read_text())["prompts_done"] == 4
+    resumed = []
+    monkeypatch.setattr(rft_module, "best_completions", lambda gen, part, *a, **k: resumed.append(len(part)) or
+                        real(gen, part, *a, **k))
+    history = rft(cfg, tmp_path / "out")  # the last chunk is sampled, then the round trains
+    assert resumed == [2]
+    assert (round_dir / "samples.jsonl").read_bytes() == (tmp_path / "whole" / "round_01" / "samples.jsonl").read_bytes()
+    assert history[0]["kept"] == 6 and history[0]["samples"] == 18
+    assert history == rft(cfg, tmp_path / "whole")
+
+
 def pairs_run(root, out, *extra):
     """`groundup data pairs` in this process (so a test can stop it part-way)."""
     import argparse
@@ -195,13 +229,13 @@ def pairs_run(root, out, *extra):
 
 
 def test_pairs_stopped_part_way_resume_to_the_same_file(root, tmp_path, monkeypatch):
-    import groundup.posttrain.pairs_job as job
+    import groundup.posttrain.sampled_data as sampled
     from groundup.errors import DataError
 
     whole = tmp_path / "whole.jsonl"
     pairs_run(root, whole)  # one chunk: the 6 prompts' 24 samples in four batches of 6 rows
     out = tmp_path / "p.jsonl"
-    real, calls = job.make_pairs, []
+    real, calls = sampled.make_pairs, []
 
     def stop_at_second_chunk(gen, part, *args, **kwargs):
         calls.append(len(part))
@@ -209,7 +243,7 @@ def test_pairs_stopped_part_way_resume_to_the_same_file(root, tmp_path, monkeypa
             raise KeyboardInterrupt
         return real(gen, part, *args, **kwargs)
 
-    monkeypatch.setattr(job, "make_pairs", stop_at_second_chunk)
+    monkeypatch.setattr(sampled, "make_pairs", stop_at_second_chunk)
     with pytest.raises(KeyboardInterrupt):
         pairs_run(root, out, "--chunk", "1")  # rounded up to 3 prompts: 12 rows, two whole batches
     assert calls == [3, 3] and not out.exists()
@@ -223,7 +257,7 @@ def test_pairs_stopped_part_way_resume_to_the_same_file(root, tmp_path, monkeypa
         pairs_run(root, out, "--resume", "--seed", "1")
     with partial.open("ab") as f:
         f.write(b'{"prompt": "half-writ')  # a chunk cut off mid-write: dropped and redone
-    monkeypatch.setattr(job, "make_pairs", real)
+    monkeypatch.setattr(sampled, "make_pairs", real)
     pairs_run(root, out, "--resume", "--chunk", "1")
     assert out.read_bytes() == whole.read_bytes()
     assert not partial.exists() and not (tmp_path / "p.jsonl.progress.json").exists()

@@ -3,7 +3,7 @@
     groundup data pairs --model runs/sft --prompts chat/chat-math.jsonl --reward exact_match --out pairs.jsonl
     groundup data pairs ... --resume          # after a crash or Ctrl-C: continue from the last finished chunk
 
-The work is saved a chunk of prompts at a time (posttrain/pairs_job.py), so a stopped run loses at
+The work is saved a chunk of prompts at a time (posttrain/sampling_job.py), so a stopped run loses at
 most one chunk and a resumed one writes the same file as an uninterrupted run.
 """
 
@@ -41,9 +41,10 @@ def pairs(args: argparse.Namespace) -> int:
     from groundup.errors import ConfigError
     from groundup.infer import Generator
     from groundup.infer.loading import load_for_inference
-    from groundup.posttrain.pairs_job import PairsJob
     from groundup.posttrain.rewards import load_rewards, parse_reward_args
     from groundup.posttrain.rollout import read_prompts
+    from groundup.posttrain.sampled_data import make_pairs
+    from groundup.posttrain.sampling_job import SamplingJob
 
     if args.samples < 2:
         raise ConfigError(f"--samples {args.samples}: expected at least 2 (a pair needs two samples)", key="samples")
@@ -55,22 +56,31 @@ def pairs(args: argparse.Namespace) -> int:
         raise ConfigError("--resume and --overwrite: choose one (continue the unfinished run, or start again)",
                           key="resume")
     rewards = load_rewards(*parse_reward_args(args.reward))
-    job = PairsJob(args.out, pairs_settings(args), resume=args.resume, overwrite=args.overwrite)
+    job = SamplingJob(args.out, pairs_settings(args), resume=args.resume, overwrite=args.overwrite)
     with job.locked():
         model, tok = load_for_inference(args.model, device=args.device, merge=True)
         prompts, held, bad = read_prompts(args.prompts, tok, model.cfg.max_seq_len - args.max_new_tokens)
         prompts = (prompts + held)[: args.limit]
         done = job.state["prompts_done"]
         if done:
-            print(f"{args.out}: resuming after {done:,} of {len(prompts):,} prompts ({job.state['pairs']:,} pairs so far)")
-        state = job.run(Generator(model, tok), prompts, rewards, args.samples, args.chunk, args.batch_size, args.seed,
-                        per_prompt=args.pairs_per_prompt, progress=not args.no_progress,
-                        max_new_tokens=args.max_new_tokens, temperature=args.temperature)
+            print(f"{args.out}: resuming after {done:,} of {len(prompts):,} prompts "
+                  f"({job.state['counts'].get('pairs', 0):,} pairs so far)")
+        gen = Generator(model, tok)
+
+        def build(part, seed):
+            errors: list[str] = []
+            records, paired = make_pairs(gen, part, rewards, args.samples, errors, per_prompt=args.pairs_per_prompt,
+                                         batch_rows=args.batch_size, max_new_tokens=args.max_new_tokens,
+                                         temperature=args.temperature, seed=seed)
+            return records, {"pairs": len(records), "paired": paired}, errors
+
+        state = job.run(prompts, build, args.samples, args.chunk, args.batch_size, args.seed,
+                        progress=not args.no_progress)
     for example in state["failure_examples"]:
         print(f"reward failure: {example}")
-    print(f"{args.out}: {state['pairs']:,} pairs from {len(prompts):,} prompts ({len(prompts) - state['paired']:,} "
-          f"had samples all scored alike; {len(bad):,} prompt records skipped, {state['reward_failures']:,} reward "
-          "failures)")
+    pairs_written, alike = state["counts"].get("pairs", 0), len(prompts) - state["counts"].get("paired", 0)
+    print(f"{args.out}: {pairs_written:,} pairs from {len(prompts):,} prompts ({alike:,} had samples all scored alike; "
+          f"{len(bad):,} prompt records skipped, {state['reward_failures']:,} reward failures)")
     return 0
 
 

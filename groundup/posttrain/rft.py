@@ -8,7 +8,8 @@
     OUT/round_01/run/            the round's SFT run (resumable like any run)
     OUT/rounds.json              per round: mean reward of the samples, kept, held-out greedy reward
 
-A rerun skips finished rounds and resumes an interrupted one.
+A rerun skips finished rounds and resumes an interrupted one: its SFT run from its last checkpoint,
+its sampling from the last chunk of prompts saved (`samples.jsonl.partial`, posttrain/sampling_job.py).
 """
 
 from __future__ import annotations
@@ -16,18 +17,22 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from groundup.data.tasks import input_fingerprint
 from groundup.errors import DataError
 from groundup.infer import Generator
 from groundup.infer.loading import load_for_inference
 from groundup.io import atomic_write_json, ensure_writable_dir, read_json
-from groundup.layout import SUMMARY_FILE, is_run_dir
+from groundup.layout import SUMMARY_FILE, is_run_dir, resolve_model_dir
 from groundup.posttrain.config import RFTConfig
 from groundup.posttrain.rewards import load_rewards, score
 from groundup.posttrain.rollout import read_prompts
-from groundup.posttrain.sampled_data import best_completions, write_jsonl
+from groundup.posttrain.sampled_data import best_completions
+from groundup.posttrain.sampling_job import SamplingJob
 from groundup.posttrain.sft import sft
 
 ROUNDS_FILE = "rounds.json"
+SAMPLE_ROWS = 32  # completions sampled together
+SAMPLE_CHUNK = 256  # prompts sampled between saves of a round's work
 
 
 def _heldout_reward(model, tok, prompts, rewards, max_new: int) -> float | None:
@@ -36,6 +41,33 @@ def _heldout_reward(model, tok, prompts, rewards, max_new: int) -> float | None:
     gen = Generator(model, tok)
     outs = gen.complete_ids([p.ids for p in prompts], max_new_tokens=max_new, temperature=0)
     return sum(score(rewards, p.text, o.text, p.fields, p.messages)[0] for p, o in zip(prompts, outs)) / len(prompts)
+
+
+def _sample_round(cfg: RFTConfig, n: int, current: str, gen, prompts, rewards, samples: Path, bad: list) -> None:
+    """Round n's kept completions into `samples` (and its statistics into sampling.json beside it), a chunk
+    of prompts at a time: an interrupted round continues where it stopped (posttrain/sampling_job.py)."""
+    r = cfg.rft
+    settings = {"model": input_fingerprint([resolve_model_dir(current, note=lambda _: None)])[0],
+                "prompts": input_fingerprint([Path(f) for f in r.prompts]), "samples": r.samples,
+                "threshold": r.threshold, "max_new_tokens": r.max_new_tokens, "temperature": r.temperature,
+                "seed": r.seed + n}
+
+    def build(part, seed):
+        errors: list[str] = []
+        kept, stats = best_completions(gen, part, rewards, r.samples, r.threshold, errors, batch_rows=SAMPLE_ROWS,
+                                       max_new_tokens=r.max_new_tokens, temperature=r.temperature, seed=seed)
+        return kept, stats, errors
+
+    job = SamplingJob(samples, settings, resume=None, restart_hint=f"remove {samples.parent} to sample round {n} again")
+    with job.locked():
+        state = job.run(prompts, build, r.samples, SAMPLE_CHUNK, SAMPLE_ROWS, r.seed + n, progress=cfg.log.progress)
+    counts = state["counts"]
+    if not counts.get("kept"):
+        samples.unlink()
+        raise DataError(f"round {n}: no sample kept (threshold {r.threshold}); lower it or sample more")
+    atomic_write_json(samples.parent / "sampling.json",
+                      {"samples": counts["samples"], "mean_reward": counts["reward_sum"] / max(1, counts["samples"]),
+                       "kept": counts["kept"], "reward_errors": state["reward_failures"], "skipped_prompts": bad[:20]})
 
 
 def rft(cfg: RFTConfig, out_dir: str | Path) -> list[dict]:
@@ -63,15 +95,7 @@ def rft(cfg: RFTConfig, out_dir: str | Path) -> list[dict]:
         held = held[: r.eval_count]
         samples = round_dir / "samples.jsonl"
         if not samples.is_file():
-            errors: list[str] = []
-            kept, stats = best_completions(Generator(model, tok), prompts, rewards, r.samples, r.threshold, errors,
-                                           max_new_tokens=r.max_new_tokens, temperature=r.temperature,
-                                           seed=r.seed + n)
-            if not kept:
-                raise DataError(f"round {n}: no sample kept (threshold {r.threshold}); lower it or sample more")
-            write_jsonl(kept, samples)
-            atomic_write_json(round_dir / "sampling.json", {**stats, "reward_errors": len(errors),
-                                                             "skipped_prompts": bad[:20]})
+            _sample_round(cfg, n, current, Generator(model, tok), prompts, rewards, samples, bad)
         stats = read_json(round_dir / "sampling.json")
         before = _heldout_reward(model, tok, held, rewards, r.max_new_tokens)
         del model

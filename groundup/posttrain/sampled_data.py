@@ -13,10 +13,6 @@ three right and five wrong samples gives three pairs rather than one.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
-from groundup.io import atomic_open
 from groundup.posttrain.rollout import Prompt, sample_scored
 
 
@@ -60,7 +56,7 @@ def make_pairs(gen, prompts: list[Prompt], rewards, k: int, errors: list[str] | 
 def best_completions(gen, prompts: list[Prompt], rewards, k: int, threshold: float | None = None,
                      errors: list[str] | None = None, **sampling) -> tuple[list[dict], dict]:
     """Chat records of the kept samples (the best per prompt, or every one at or above `threshold`)
-    and statistics (mean reward of all samples, kept count)."""
+    and statistics (samples drawn, the sum of their rewards, kept count)."""
     outs, totals, _ = sample_scored(gen, prompts, rewards, k, errors, **sampling)
     kept = []
     for j, p in enumerate(prompts):
@@ -73,12 +69,6 @@ def best_completions(gen, prompts: list[Prompt], rewards, k: int, threshold: flo
             messages = list(p.messages or [{"role": "user", "content": p.text}])
             kept.append({"messages": messages + [{"role": "assistant", "content": outs[j * k + i].text}],
                          "reward": scores[i]})
-    stats = {"samples": len(outs), "mean_reward": sum(totals) / max(1, len(totals)), "kept": len(kept)}
+    stats = {"samples": len(outs), "reward_sum": sum(totals), "kept": len(kept)}
     return kept, stats
 
-
-def write_jsonl(records: list[dict], path: str | Path) -> Path:
-    with atomic_open(path, "w", encoding="utf-8") as f:
-        for r in records:
-            f.write(json.dumps(r, ensure_ascii=False) + "\n")
-    return Path(path)

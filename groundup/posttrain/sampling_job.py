@@ -1,18 +1,21 @@
-"""`groundup data pairs` as a job that never loses finished work.
+"""Records made from a model's samples (`groundup data pairs`, each `groundup rft` round), written as a
+job that never loses finished work.
 
-    job = PairsJob(out, settings, resume=False, overwrite=False)   # checks what is already at OUT
+    job = SamplingJob(out, settings, resume=False, overwrite=False)   # checks what is already at OUT
     with job.locked():
-        report = job.run(gen, prompts, rewards, k=8, chunk=256, batch_rows=32, seed=0, max_new_tokens=48)
+        state = job.run(prompts, build, k=8, chunk=256, batch_rows=32, seed=0)
+    # build(prompts, seed) -> (records, counts, errors): one chunk's records, its counts (summed over the
+    # run in state["counts"]) and its reward failures
 
-The prompts are sampled a chunk at a time. Each chunk's pairs are appended to `OUT.partial` and
+The prompts are sampled a chunk at a time. Each chunk's records are appended to `OUT.partial` and
 flushed to disk, then `OUT.progress.json` records how many prompts are done and how long the partial
-file is, so a crash, a kill or Ctrl-C loses at most the chunk in flight. `--resume` continues from
+file is, so a crash, a kill or Ctrl-C loses at most the chunk in flight. A resumed run continues from
 that record (a partial file longer than recorded, a half-written chunk, is cut back first) after
 checking that the model, prompt files and sampling settings are the ones it was started with. The
 finished file is the same bytes as one uninterrupted run: every sampling batch's seed is the run's
 seed plus the batch's first row, and a chunk holds whole batches. When every prompt is done,
 `OUT.partial` becomes OUT in one rename (an OUT already there is only replaced then, with
-`--overwrite`) and the record is removed. One process writes an OUT at a time (`.OUT.lock` beside it).
+`overwrite`) and the record is removed. One process writes an OUT at a time (`.OUT.lock` beside it).
 """
 
 from __future__ import annotations
@@ -25,7 +28,6 @@ from pathlib import Path
 
 from groundup.errors import DataError
 from groundup.io import atomic_write_json, read_json, writer_lock
-from groundup.posttrain.sampled_data import make_pairs
 
 PROGRESS_VERSION = 1
 MAX_FAILURE_EXAMPLES = 20  # reward failures kept verbatim in the record (all of them are counted)
@@ -38,12 +40,13 @@ def chunk_prompts(target: int, k: int, batch_rows: int) -> int:
     return unit * max(1, -(-target // unit))
 
 
-class PairsJob:
-    def __init__(self, out: str | Path, settings: dict, resume: bool = False, overwrite: bool = False):
+class SamplingJob:
+    def __init__(self, out: str | Path, settings: dict, resume: bool | None = False, overwrite: bool = False,
+                 restart_hint: str = "start again with --overwrite"):
         self.out = Path(out)
         self.partial = self.out.with_name(self.out.name + ".partial")
         self.record = self.out.with_name(self.out.name + ".progress.json")
-        self.settings, self.resume, self.overwrite = settings, resume, overwrite
+        self.settings, self.resume, self.overwrite, self.restart_hint = settings, resume, overwrite, restart_hint
 
     @contextlib.contextmanager
     def locked(self):
@@ -58,11 +61,11 @@ class PairsJob:
                     (self.out.parent / lock).unlink(missing_ok=True)
 
     def _fresh(self) -> dict:
-        return {"version": PROGRESS_VERSION, "settings": self.settings, "prompts_done": 0, "bytes": 0, "pairs": 0,
-                "paired": 0, "reward_failures": 0, "failure_examples": []}
+        return {"version": PROGRESS_VERSION, "settings": self.settings, "prompts_done": 0, "bytes": 0, "counts": {},
+                "reward_failures": 0, "failure_examples": []}
 
     def _start(self) -> dict:
-        if self.resume:
+        if self.resume or (self.resume is None and self.record.exists()):  # None: continue whatever is unfinished
             return self._continue()
         if self.record.exists() or self.partial.exists():
             if not self.overwrite:
@@ -86,42 +89,41 @@ class PairsJob:
             raise DataError(f"{self.out}: nothing to resume ({self.record.name} not found); run without --resume")
         state = read_json(self.record, dict)
         if state.get("version") != PROGRESS_VERSION or not isinstance(state.get("settings"), dict):
-            raise DataError(f"{self.record}: not a progress record of this version of groundup data pairs; "
-                            "start again with --overwrite")
+            raise DataError(f"{self.record}: not a progress record of this version of groundup; {self.restart_hint}")
         changed = [k for k in sorted(set(state["settings"]) | set(self.settings))
                    if state["settings"].get(k) != self.settings.get(k)]
         if changed:
             lines = "; ".join(f"{k}: {state['settings'].get(k)!r} -> {self.settings.get(k)!r}" for k in changed)
             raise DataError(f"{self.out}: cannot resume, the run was started with other settings ({lines}); "
-                            "use the same ones or start again with --overwrite")
+                            f"use the same ones or {self.restart_hint}")
         have = self.partial.stat().st_size if self.partial.exists() else -1
         if have < state["bytes"]:
             raise DataError(f"{self.partial}: {max(have, 0):,} bytes where {self.record.name} records "
-                            f"{state['bytes']:,}; the partial file was changed: start again with --overwrite")
+                            f"{state['bytes']:,}; the partial file was changed: {self.restart_hint}")
         if have > state["bytes"]:  # a chunk was being written when the run stopped: drop it, it is redone
             os.truncate(self.partial, state["bytes"])
         return state
 
-    def run(self, gen, prompts: list, rewards, k: int, chunk: int, batch_rows: int, seed: int, per_prompt: int = 1,
-            progress: bool = True, **sampling) -> dict:
-        """Sample the prompts not done yet, chunk by chunk; returns the final record (counts over the whole
-        run, resumed parts included)."""
+    def run(self, prompts: list, build, k: int, chunk: int, batch_rows: int, seed: int, progress: bool = True) -> dict:
+        """Sample the prompts not done yet, chunk by chunk (`build(part, seed)` samples and scores one);
+        returns the final record, counts summed over the whole run, resumed parts included."""
         from tqdm import tqdm
 
         state, size = self.state, chunk_prompts(chunk, k, batch_rows)
         with open(self.partial, "ab") as f, tqdm(total=len(prompts), initial=state["prompts_done"], unit=" prompts",
-                                                  desc="pairs", disable=not progress) as bar:
+                                                  desc=self.out.name, disable=not progress) as bar:
             for start in range(state["prompts_done"], len(prompts), size):
-                part, errors = prompts[start : start + size], []
-                records, paired = make_pairs(gen, part, rewards, k, errors, per_prompt=per_prompt,
-                                             batch_rows=batch_rows, seed=seed + start * k, **sampling)
+                part = prompts[start : start + size]
+                records, counts, errors = build(part, seed + start * k)
                 f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records).encode("utf-8"))
                 f.flush()
                 os.fsync(f.fileno())
-                room = MAX_FAILURE_EXAMPLES - len(state["failure_examples"])
-                state.update(prompts_done=start + len(part), bytes=f.tell(), pairs=state["pairs"] + len(records),
-                             paired=state["paired"] + paired, reward_failures=state["reward_failures"] + len(errors),
-                             failure_examples=state["failure_examples"] + errors[: max(room, 0)])
+                room = max(MAX_FAILURE_EXAMPLES - len(state["failure_examples"]), 0)
+                state.update(prompts_done=start + len(part), bytes=f.tell(),
+                             counts={key: state["counts"].get(key, 0) + counts.get(key, 0)
+                                     for key in {**state["counts"], **counts}},
+                             reward_failures=state["reward_failures"] + len(errors),
+                             failure_examples=state["failure_examples"] + errors[:room])
                 atomic_write_json(self.record, state)
                 bar.update(len(part))
         os.replace(self.partial, self.out)
