@@ -264,5 +264,8 @@ def test_pairs_stopped_part_way_resume_to_the_same_file(root, tmp_path, monkeypa
     assert sorted(f.name for f in tmp_path.iterdir()) == ["p.jsonl", "whole.jsonl"]  # no lock file left behind
     with pytest.raises(DataError, match="nothing to resume"):
         pairs_run(root, tmp_path / "never.jsonl", "--resume")
+    (tmp_path / "first.jsonl.partial").write_text('{"prompt": "cut off in the first chunk')  # nothing finished:
+    pairs_run(root, tmp_path / "first.jsonl", "--chunk", "1")  # started again without a question
+    assert (tmp_path / "first.jsonl").read_bytes() == whole.read_bytes()
     with pytest.raises(DataError, match="already exists"):
         pairs_run(root, out)

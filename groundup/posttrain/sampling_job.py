@@ -65,9 +65,11 @@ class SamplingJob:
                 "reward_failures": 0, "failure_examples": []}
 
     def _start(self) -> dict:
+        if self.partial.exists() and not self.record.exists():  # stopped inside its first chunk: nothing was finished
+            self.partial.unlink()
         if self.resume or (self.resume is None and self.record.exists()):  # None: continue whatever is unfinished
             return self._continue()
-        if self.record.exists() or self.partial.exists():
+        if self.record.exists():
             if not self.overwrite:
                 done = self._peek_done()
                 raise DataError(f"{self.out}: an unfinished run is here ({done} prompts done, {self.record.name}): "
