@@ -20,9 +20,12 @@ so what one layout writes any other loads, a single process included.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import datetime
 import os
+import sys
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -33,6 +36,28 @@ from groundup.errors import ConfigError
 from groundup.train.config import TrainConfig
 from groundup.train.parallelize import (check_tp, fuse_param_groups, fuse_state, split_names, split_param_groups,
                                         split_state, tensor_parallel)
+
+# Process groups outlive destroy_process_group, on purpose. A gloo group's C++ destructor joins its worker
+# threads while the caller holds the GIL, and a worker still letting go of the last collective's tensors
+# (all_gather_object's, behind a barrier) needs the GIL to do so: the two wait for each other forever. The
+# 2-process DDP test hung that way about 1 run in 8 on a loaded 2-core machine, rank 1 stuck in
+# ~ProcessGroupGloo when DistributedDataParallel's Reducer was freed. Kept here, no group is destroyed on
+# the training thread: the CLI leaves a distributed process with os._exit (`exit_process`), and a library
+# caller's interpreter lets go of them at exit, after a pause that gives the workers the GIL.
+_RETIRED_GROUPS: list = []
+
+
+def _release_retired_groups() -> None:
+    time.sleep(0.1)
+    _RETIRED_GROUPS.clear()
+
+
+def exit_process(code: int | None) -> None:
+    """Leave a process that ran a process group without destroying the groups (see _RETIRED_GROUPS)."""
+    if _RETIRED_GROUPS:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0 if code is None else int(code))
 
 
 @dataclass
@@ -111,6 +136,9 @@ class Dist:
 
         wait_pending(self, raise_errors=False)
         if self.active and dist.is_initialized():
+            if not _RETIRED_GROUPS:
+                atexit.register(_release_retired_groups)
+            _RETIRED_GROUPS.extend(getattr(dist.distributed_c10d._world, "pg_map", None) or [dist.group.WORLD])
             dist.destroy_process_group()
 
 
