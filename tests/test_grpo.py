@@ -6,12 +6,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import shutil
 import sys
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from groundup.config import load_config
 from groundup.errors import ConfigError
@@ -19,7 +17,7 @@ from groundup.posttrain.config import GRPOConfig
 from groundup.posttrain.grpo import aggregate, grpo, grpo_token_loss
 from groundup.posttrain.rewards import exact_match, exact_match_lenient, format_answer, load_rewards, score
 from infer_helpers import model_dir, small_tokenizer, tiny_model
-from train_helpers import metrics
+from train_helpers import assert_resumes_exactly, metrics
 
 
 def _direct(logp, old, adv, ref, mask, eps, eps_high, beta, how, max_new):
@@ -102,13 +100,7 @@ def test_grpo_runs_logs_and_resumes_exactly(setup, tmp_path, monkeypatch):
                 "completion_length", "truncated", "uninformative_groups"):
         assert key in steps[0], key
     assert steps[0]["kl"] == pytest.approx(0, abs=1e-5)  # the policy starts as the reference
-    shutil.copytree(tmp_path / "run", tmp_path / "resumed")
-    (tmp_path / "resumed" / "checkpoints" / "step_0000004" / "meta.json").unlink()
-    grpo(_cfg(setup, *extra), tmp_path / "resumed", resume=True)
-    a = load_file(tmp_path / "run" / "checkpoints" / "step_0000004" / "model.safetensors")
-    b = load_file(tmp_path / "resumed" / "checkpoints" / "step_0000004" / "model.safetensors")
-    assert all(torch.equal(a[k], b[k]) for k in a)
-    assert [s["loss"] for s in metrics(tmp_path / "resumed")[0]] == [s["loss"] for s in steps]
+    assert_resumes_exactly(tmp_path / "run", lambda run: grpo(_cfg(setup, *extra), run, resume=True), 4)
 
 
 def test_grpo_with_lora_uses_the_base_as_reference(setup, tmp_path, monkeypatch):

@@ -6,12 +6,10 @@ from __future__ import annotations
 import copy
 import json
 import math
-import shutil
 
 import pytest
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file
 
 from groundup.config import load_config
 from groundup.interop import export_hf
@@ -20,7 +18,7 @@ from groundup.posttrain.config import DPOConfig, DPOSection, KTOConfig, KTOSecti
 from groundup.posttrain.pairs import Feedback, Pair, read_pairs
 from groundup.posttrain.preference import PreferenceObjective, dpo_loss, make_batch, reference_logps
 from infer_helpers import model_dir, small_tokenizer, tiny_model
-from train_helpers import metrics
+from train_helpers import assert_resumes_exactly, metrics
 
 G = torch.Generator().manual_seed(3)
 
@@ -159,22 +157,19 @@ def test_dpo_learns_the_preference_and_resumes_exactly(base, tmp_path, lora):
     steps, _ = metrics(tmp_path / "run")
     assert steps[-1]["margin"] > 0.1 and steps[-1]["loss"] < steps[0]["loss"] and summary["eval"]["val_accuracy"] == 1
     assert "val_accuracy" in summary["eval"] and (tmp_path / "run" / "reference_logps.safetensors").is_file()
-    shutil.copytree(tmp_path / "run", tmp_path / "resumed")
-    (tmp_path / "resumed" / "checkpoints" / "step_0000006" / "meta.json").unlink()
-    dpo(_cfg(DPOConfig, "dpo", base, data, *extra), tmp_path / "resumed", resume=True)
     name = "adapter_model.safetensors" if lora else "model.safetensors"
-    a = load_file(tmp_path / "run" / "checkpoints" / "step_0000006" / name)
-    b = load_file(tmp_path / "resumed" / "checkpoints" / "step_0000006" / name)
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert_resumes_exactly(tmp_path / "run", lambda run: dpo(_cfg(DPOConfig, "dpo", base, data, *extra), run, resume=True),
+                           6, name)
 
 
-def test_kto_runs_on_unpaired_feedback(base, tmp_path):
+def test_kto_runs_on_unpaired_feedback_and_resumes_exactly(base, tmp_path):
     rows = []
     for i in range(24):
         good = i % 2 == 0
         rows.append({"prompt": f"What is {i} + 1?", "completion": f" Answer: {i + 1 if good else i + 5}", "label": good})
     (tmp_path / "f.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    summary = kto(_cfg(KTOConfig, "kto", base, tmp_path / "f.jsonl", "train.max_steps=4", "kto.beta=0.2"),
-                  tmp_path / "run")
+    cfg = _cfg(KTOConfig, "kto", base, tmp_path / "f.jsonl", "train.max_steps=6", "kto.beta=0.2")
+    summary = kto(cfg, tmp_path / "run")
     steps, _ = metrics(tmp_path / "run")
-    assert summary["steps"] == 4 and all(s["kl"] >= 0 for s in steps)
+    assert summary["steps"] == 6 and all(s["kl"] >= 0 for s in steps)
+    assert_resumes_exactly(tmp_path / "run", lambda run: kto(cfg, run, resume=True), 6)

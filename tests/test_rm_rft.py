@@ -16,7 +16,7 @@ from groundup.posttrain.pairs import read_pairs
 from groundup.posttrain.reward_model import RewardModelScorer, RewardObjective, rm
 from groundup.posttrain.rft import rft
 from infer_helpers import model_dir, small_tokenizer, tiny_model
-from train_helpers import metrics, run_cli
+from train_helpers import assert_resumes_exactly, metrics, run_cli
 
 
 @pytest.fixture(scope="module")
@@ -99,14 +99,15 @@ def test_pair_ranking_benchmark_counts_what_each_model_prefers(root):
     assert {right_lm, right_rm} <= {20, 40}
 
 
-def test_reward_model_learns_the_preference_and_ranks_samples(root, tmp_path):
+def test_reward_model_learns_the_preference_resumes_exactly_and_ranks_samples(root, tmp_path):
     cfg = load_config(RMConfig, None, [f"base={json.dumps(str(root / 'base'))}",
                                        f"rm.data={json.dumps([str(root / 'pairs.jsonl')])}", "rm.val_fraction=0.2",
                                        "train.seq_len=64", "train.batch_size=8", "train.max_steps=12",
                                        "schedule.peak_lr=3e-3", "schedule.warmup_steps=0", "log.every=1",
-                                       "log.progress=false", "eval.every=0"])
+                                       "log.progress=false", "eval.every=0", "checkpoint.every=6"])
     summary = rm(cfg, tmp_path / "rm")
     assert summary["eval"]["val_accuracy"] >= 0.8
+    assert_resumes_exactly(tmp_path / "rm", lambda run: rm(cfg, run, resume=True), 12)
     scorer = RewardModelScorer(tmp_path / "rm")
     assert scorer("Is 5 more than 2?", "yes indeed") > scorer("Is 5 more than 2?", "no never")
     # a chat prompt's whole conversation reaches the reward model (through rewards.score), the system

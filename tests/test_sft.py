@@ -4,11 +4,9 @@ resume, replay, merge, and bad records counted with file:line."""
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from groundup.config import load_config
 from groundup.data.readers import ReadStats
@@ -19,7 +17,7 @@ from groundup.posttrain.rewards import extract_answer
 from groundup.posttrain.sft import sft
 from groundup.posttrain.sft_data import collate, pack, tokenize
 from infer_helpers import model_dir, small_tokenizer, tiny_model
-from train_helpers import make_shards, metrics, run_cli
+from train_helpers import assert_resumes_exactly, make_shards, metrics, run_cli
 
 RECORDS = [
     {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2+2?"},
@@ -124,12 +122,7 @@ def test_fine_tuning_lowers_the_loss_and_resumes_exactly(setup, tmp_path, lora):
     weights = final / ("adapter_model.safetensors" if lora else "model.safetensors")
     assert weights.is_file() and (final / "model.safetensors").is_file() != lora  # LoRA saves the adapter alone
     # Resume from step 3 (the newest checkpoint made unusable) takes the same steps again, bit for bit.
-    shutil.copytree(tmp_path / "run", tmp_path / "resumed")
-    (tmp_path / "resumed" / "checkpoints" / "step_0000006" / "meta.json").unlink()
-    sft(_cfg(setup, *extra), tmp_path / "resumed", resume=True)
-    a, b = load_file(weights), load_file(tmp_path / "resumed" / "checkpoints" / "step_0000006" / weights.name)
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    assert [s["loss"] for s in metrics(tmp_path / "resumed")[0]] == [s["loss"] for s in steps]
+    assert_resumes_exactly(tmp_path / "run", lambda run: sft(_cfg(setup, *extra), run, resume=True), 6, weights.name)
 
 
 def test_epochs_set_the_steps_and_evaluation_reports_the_task(setup, tmp_path):

@@ -9,9 +9,11 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Callable
 
 from groundup.config import load_config
 from groundup.corpus import chunk_text, generate_math_records, iter_shakespeare, iter_stdlib_code
@@ -67,6 +69,25 @@ def metrics(run: Path) -> tuple[list[dict], list[dict]]:
     """(step lines, event lines) of a run's metrics.jsonl; evaluation lines are in neither."""
     lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     return [r for r in lines if "loss" in r and "event" not in r], [r for r in lines if "event" in r]
+
+
+def assert_resumes_exactly(run: Path, resume: Callable[[Path], object], step: int,
+                           weights: str = "model.safetensors") -> None:
+    """A copy of finished `run` whose step-`step` checkpoint is made unusable, resumed by `resume(copy)` from
+    the checkpoint before it, takes the same steps again: the same losses and bit-identical weights."""
+    import torch
+    from safetensors.torch import load_file
+
+    from groundup.layout import step_name
+
+    again = run.parent / f"{run.name}-resumed"
+    shutil.copytree(run, again)
+    (again / "checkpoints" / step_name(step) / "meta.json").unlink()
+    resume(again)
+    a = load_file(run / "checkpoints" / step_name(step) / weights)
+    b = load_file(again / "checkpoints" / step_name(step) / weights)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert [s["loss"] for s in metrics(again)[0]] == [s["loss"] for s in metrics(run)[0]]
 
 
 def write_config(path: Path, cfg: TrainConfig) -> Path:
