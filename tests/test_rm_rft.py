@@ -16,7 +16,7 @@ from groundup.posttrain.pairs import read_pairs
 from groundup.posttrain.reward_model import RewardModelScorer, RewardObjective, rm
 from groundup.posttrain.rft import rft
 from infer_helpers import model_dir, small_tokenizer, tiny_model
-from train_helpers import assert_resumes_exactly, metrics, run_cli
+from train_helpers import assert_resumes_exactly, assert_same_steps, metrics, run_cli
 
 
 @pytest.fixture(scope="module")
@@ -180,6 +180,28 @@ def test_rejection_sampling_rounds(root, tmp_path):
     assert metrics(tmp_path / "out" / "round_02" / "run")[0]
     again = rft(cfg, tmp_path / "out")  # finished rounds are reused
     assert again == history
+
+
+def test_rejection_sampling_stopped_mid_training_resumes_exactly(root, tmp_path):
+    """A round whose SFT run stopped after its step-2 checkpoint continues to the same weights and losses."""
+    import shutil
+
+    from groundup.layout import SUMMARY_FILE
+    from groundup.posttrain.rft import ROUNDS_FILE
+
+    cfg = load_config(RFTConfig, None, [f"base={json.dumps(str(root / 'base'))}",
+                                        f"rft.prompts={json.dumps([str(root / 'prompts.jsonl')])}",
+                                        'rft.rewards=["reward_mod:has_e"]', "rft.samples=3", "rft.max_new_tokens=8",
+                                        "rft.eval_count=0", "train.seq_len=64", "train.batch_size=2",
+                                        "train.max_steps=4", "checkpoint.every=2", "log.progress=false",
+                                        "eval.at_end=false"])
+    history = rft(cfg, tmp_path / "whole")
+    shutil.copytree(tmp_path / "whole", tmp_path / "out")
+    run = tmp_path / "out" / "round_01" / "run"
+    for path in (tmp_path / "out" / ROUNDS_FILE, run / SUMMARY_FILE, run / "checkpoints" / "step_0000004" / "meta.json"):
+        path.unlink()  # as a crash between the step-2 checkpoint and the end of the round leaves it
+    assert rft(cfg, tmp_path / "out") == history
+    assert_same_steps(tmp_path / "whole" / "round_01" / "run", run, 4)
 
 
 def test_rejection_sampling_stopped_mid_sampling_continues_to_the_same_samples(root, tmp_path, monkeypatch):

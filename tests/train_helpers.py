@@ -71,23 +71,30 @@ def metrics(run: Path) -> tuple[list[dict], list[dict]]:
     return [r for r in lines if "loss" in r and "event" not in r], [r for r in lines if "event" in r]
 
 
-def assert_resumes_exactly(run: Path, resume: Callable[[Path], object], step: int,
-                           weights: str = "model.safetensors") -> None:
-    """A copy of finished `run` whose step-`step` checkpoint is made unusable, resumed by `resume(copy)` from
-    the checkpoint before it, takes the same steps again: the same losses and bit-identical weights."""
+def assert_same_steps(run: Path, other: Path, step: int, weights: str = "model.safetensors") -> None:
+    """Two runs took the same steps: the same losses and bit-identical weights at `step`."""
     import torch
     from safetensors.torch import load_file
 
+    from groundup.layout import step_name
+
+    a = load_file(run / "checkpoints" / step_name(step) / weights)
+    b = load_file(other / "checkpoints" / step_name(step) / weights)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert [s["loss"] for s in metrics(other)[0]] == [s["loss"] for s in metrics(run)[0]]
+
+
+def assert_resumes_exactly(run: Path, resume: Callable[[Path], object], step: int,
+                           weights: str = "model.safetensors") -> None:
+    """A copy of finished `run` whose step-`step` checkpoint is made unusable, resumed by `resume(copy)` from
+    the checkpoint before it, takes the same steps again."""
     from groundup.layout import step_name
 
     again = run.parent / f"{run.name}-resumed"
     shutil.copytree(run, again)
     (again / "checkpoints" / step_name(step) / "meta.json").unlink()
     resume(again)
-    a = load_file(run / "checkpoints" / step_name(step) / weights)
-    b = load_file(again / "checkpoints" / step_name(step) / weights)
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    assert [s["loss"] for s in metrics(again)[0]] == [s["loss"] for s in metrics(run)[0]]
+    assert_same_steps(run, again, step, weights)
 
 
 def write_config(path: Path, cfg: TrainConfig) -> Path:
