@@ -165,13 +165,17 @@ def test_pairs_per_prompt_pair_distinct_samples_from_both_ends_of_the_ranking():
     assert ranked_pairs(["x", "y", "x"], [1.0, 1.0, 1.0], 3) == []  # nothing to prefer
 
 
+def rft_config(root, *extra: str) -> RFTConfig:
+    """Rejection sampling over the six prompts with the `has_e` reward: 3 samples of 8 tokens, tiny SFT."""
+    return load_config(RFTConfig, None, [f"base={json.dumps(str(root / 'base'))}",
+                                         f"rft.prompts={json.dumps([str(root / 'prompts.jsonl')])}",
+                                         'rft.rewards=["reward_mod:has_e"]', "rft.samples=3", "rft.max_new_tokens=8",
+                                         "rft.eval_count=0", "train.seq_len=64", "train.batch_size=2",
+                                         "log.progress=false", "eval.at_end=false", *extra])
+
+
 def test_rejection_sampling_rounds(root, tmp_path):
-    cfg = load_config(RFTConfig, None, [f"base={json.dumps(str(root / 'base'))}",
-                                        f"rft.prompts={json.dumps([str(root / 'prompts.jsonl')])}",
-                                        'rft.rewards=["reward_mod:has_e"]', "rft.samples=3", "rft.rounds=2",
-                                        "rft.max_new_tokens=8", "rft.eval_count=0", "train.seq_len=64",
-                                        "train.batch_size=2", "train.max_steps=2", "log.progress=false",
-                                        "eval.at_end=false"])
+    cfg = rft_config(root, "rft.rounds=2", "train.max_steps=2")
     history = rft(cfg, tmp_path / "out")
     assert [h["round"] for h in history] == [1, 2] and all(h["kept"] == 6 for h in history)
     assert history[1]["base"] == str(tmp_path / "out" / "round_01" / "run")
@@ -189,12 +193,7 @@ def test_rejection_sampling_stopped_mid_training_resumes_exactly(root, tmp_path)
     from groundup.layout import SUMMARY_FILE
     from groundup.posttrain.rft import ROUNDS_FILE
 
-    cfg = load_config(RFTConfig, None, [f"base={json.dumps(str(root / 'base'))}",
-                                        f"rft.prompts={json.dumps([str(root / 'prompts.jsonl')])}",
-                                        'rft.rewards=["reward_mod:has_e"]', "rft.samples=3", "rft.max_new_tokens=8",
-                                        "rft.eval_count=0", "train.seq_len=64", "train.batch_size=2",
-                                        "train.max_steps=4", "checkpoint.every=2", "log.progress=false",
-                                        "eval.at_end=false"])
+    cfg = rft_config(root, "train.max_steps=4", "checkpoint.every=2")
     history = rft(cfg, tmp_path / "whole")
     shutil.copytree(tmp_path / "whole", tmp_path / "out")
     run = tmp_path / "out" / "round_01" / "run"
@@ -207,11 +206,7 @@ def test_rejection_sampling_stopped_mid_training_resumes_exactly(root, tmp_path)
 def test_rejection_sampling_stopped_mid_sampling_continues_to_the_same_samples(root, tmp_path, monkeypatch):
     import groundup.posttrain.rft as rft_module
 
-    cfg = load_config(RFTConfig, None, [f"base={json.dumps(str(root / 'base'))}",
-                                        f"rft.prompts={json.dumps([str(root / 'prompts.jsonl')])}",
-                                        'rft.rewards=["reward_mod:has_e"]', "rft.samples=3", "rft.max_new_tokens=8",
-                                        "rft.eval_count=0", "train.seq_len=64", "train.batch_size=2",
-                                        "train.max_steps=1", "log.progress=false", "eval.at_end=false"])
+    cfg = rft_config(root, "train.max_steps=1")
     monkeypatch.setattr(rft_module, "SAMPLE_ROWS", 3)  # one prompt's samples a batch,
     monkeypatch.setattr(rft_module, "SAMPLE_CHUNK", 2)  # two prompts a chunk: the 6 prompts in three chunks
     rft(cfg, tmp_path / "whole")
