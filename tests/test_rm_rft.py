@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from groundup.config import load_config
+from groundup.errors import DataError
 from groundup.posttrain.config import RFTConfig, RMConfig
 from groundup.posttrain.pairs import read_pairs
 from groundup.posttrain.reward_model import RewardModelScorer, RewardObjective, rm
@@ -223,6 +224,8 @@ def test_rejection_sampling_stopped_mid_sampling_continues_to_the_same_samples(r
         rft(cfg, tmp_path / "out")
     round_dir = tmp_path / "out" / "round_01"
     assert json.loads((round_dir / "samples.jsonl.progress.json").read_text())["prompts_done"] == 4
+    with pytest.raises(DataError, match=r"rewards: \['reward_mod:has_e'\] -> \['exact_match'\]"):
+        rft(rft_config(root, "train.max_steps=1", 'rft.rewards=["exact_match"]'), tmp_path / "out")
     resumed = []
     monkeypatch.setattr(rft_module, "best_completions", lambda gen, part, *a, **k: resumed.append(len(part)) or
                         real(gen, part, *a, **k))
@@ -248,7 +251,6 @@ def pairs_run(root, out, *extra):
 
 def test_pairs_stopped_part_way_resume_to_the_same_file(root, tmp_path, monkeypatch):
     import groundup.posttrain.sampled_data as sampled
-    from groundup.errors import DataError
 
     whole = tmp_path / "whole.jsonl"
     pairs_run(root, whole)  # one chunk: the 6 prompts' 24 samples in four batches of 6 rows

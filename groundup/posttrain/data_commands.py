@@ -86,11 +86,10 @@ def pairs(args: argparse.Namespace) -> int:
 
 def pairs_settings(args: argparse.Namespace) -> dict:
     """What a resumed run must share with the run it continues (the device and chunk size may change)."""
-    from groundup.data.tasks import input_fingerprint
-    from groundup.layout import resolve_model_dir
+    from groundup.posttrain.rewards import parse_reward_args
+    from groundup.posttrain.sampling_job import input_settings
 
-    model = resolve_model_dir(args.model, note=lambda _: None)
-    return {"model": input_fingerprint([model])[0], "prompts": input_fingerprint(args.prompts),
-            "rewards": list(args.reward), "samples": args.samples, "pairs_per_prompt": args.pairs_per_prompt,
-            "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "limit": args.limit,
+    return {**input_settings(args.model, args.prompts, *parse_reward_args(args.reward)), "samples": args.samples,
+            "pairs_per_prompt": args.pairs_per_prompt, "max_new_tokens": args.max_new_tokens,
+            "temperature": args.temperature, "limit": args.limit,
             "seed": args.seed, "batch_size": args.batch_size}

@@ -17,17 +17,16 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from groundup.data.tasks import input_fingerprint
 from groundup.errors import DataError
 from groundup.infer import Generator
 from groundup.infer.loading import load_for_inference
 from groundup.io import atomic_write_json, ensure_writable_dir, read_json
-from groundup.layout import SUMMARY_FILE, is_run_dir, resolve_model_dir
+from groundup.layout import SUMMARY_FILE, is_run_dir
 from groundup.posttrain.config import RFTConfig
 from groundup.posttrain.rewards import load_rewards, score
 from groundup.posttrain.rollout import read_prompts
 from groundup.posttrain.sampled_data import best_completions
-from groundup.posttrain.sampling_job import SamplingJob
+from groundup.posttrain.sampling_job import SamplingJob, input_settings
 from groundup.posttrain.sft import sft
 
 ROUNDS_FILE = "rounds.json"
@@ -47,8 +46,7 @@ def _sample_round(cfg: RFTConfig, n: int, current: str, gen, prompts, rewards, s
     """Round n's kept completions into `samples` (and its statistics into sampling.json beside it), a chunk
     of prompts at a time: an interrupted round continues where it stopped (posttrain/sampling_job.py)."""
     r = cfg.rft
-    settings = {"model": input_fingerprint([resolve_model_dir(current, note=lambda _: None)])[0],
-                "prompts": input_fingerprint([Path(f) for f in r.prompts]), "samples": r.samples,
+    settings = {**input_settings(current, r.prompts, r.rewards, r.reward_weights), "samples": r.samples,
                 "threshold": r.threshold, "max_new_tokens": r.max_new_tokens, "temperature": r.temperature,
                 "seed": r.seed + n}
 

@@ -33,6 +33,17 @@ PROGRESS_VERSION = 1
 MAX_FAILURE_EXAMPLES = 20  # reward failures kept verbatim in the record (all of them are counted)
 
 
+def input_settings(model: str | Path, prompts, rewards: list[str], weights: list[float]) -> dict:
+    """The inputs a resumed job must share with the one it continues: the model's and prompt files'
+    fingerprints (path, size, modification time) and the rewards with their weights."""
+    from groundup.data.tasks import input_fingerprint
+    from groundup.layout import resolve_model_dir
+
+    return {"model": input_fingerprint([resolve_model_dir(model, note=lambda _: None)])[0],
+            "prompts": input_fingerprint([Path(f) for f in prompts]), "rewards": list(rewards),
+            "reward_weights": list(weights)}
+
+
 def chunk_prompts(target: int, k: int, batch_rows: int) -> int:
     """The prompts of a chunk: at least `target`, rounded up so that a chunk's k x prompts rows fill whole
     sampling batches (what keeps a chunked run's samples identical to an unchunked one)."""
