@@ -25,7 +25,7 @@ import torch
 
 from groundup.data.readers import ReadStats
 from groundup.eval.perplexity import evaluate
-from groundup.infer.loading import load_for_inference
+from groundup.loading import load_for_inference
 from groundup.posttrain.chat_eval import chat_metrics, native_math_metrics
 from groundup.posttrain.records import iter_examples
 
@@ -33,7 +33,7 @@ from groundup.posttrain.records import iter_examples
 @torch.no_grad()
 def best_of_metrics(model, tok, data: str, count: int, n: int, reward: str, max_new_tokens: int, seed: int = 7) -> dict:
     from groundup.infer import Generator
-    from groundup.posttrain.rewards import extract_answer, load_rewards, score
+    from groundup.rewards.functions import extract_answer, load_rewards, score
     from groundup.posttrain.rollout import read_prompts, sample_scored
 
     unmarked, marked, _ = read_prompts([data], tok, model.cfg.max_seq_len - max_new_tokens)

@@ -114,7 +114,7 @@ def main() -> None:
     from groundup.infer import Generator
     from groundup.interop import export_hf
     from groundup.model import ModelConfig, Transformer
-    from groundup.model.io import save_model
+    from groundup.model.model_dir import save_model
     from groundup.tokenizer import TokenizerConfig, train_tokenizer
 
     load_before = os.getloadavg()

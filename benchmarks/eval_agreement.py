@@ -15,7 +15,7 @@
    prepends <|end_of_text|> (as Llama 3's prepends <|begin_of_text|>), so lm-eval's `tok_encode` gives
    exactly groundup's prefix_ids + ids. (add_bos_token=True makes transformers rebuild the
    post-processor around bos_token, <|begin_of_text|>: other tokens than the model was trained on.)
-   Each task is lm-eval's own YAML (lm_eval/tasks/...) with its download replaced by the documents
+   Each task is lm-eval's own YAML (lm_benchmarks/...) with its download replaced by the documents
    groundup reads (`custom_dataset`), run through `simple_evaluate(log_samples=True, limit=N)`.
 4. Compared per item: every choice's log-likelihood (max |delta|, absolute and relative), the chosen
    answers (acc and acc_norm; a disagreement lists the gap between lm-eval's top two choices), the
@@ -59,7 +59,7 @@ def build_model(work: Path, init_std: float, seed: int = 0) -> tuple[Path, Path]
     from groundup.config import from_dict
     from groundup.corpus import iter_corpus
     from groundup.model import ModelConfig, Transformer
-    from groundup.model.io import save_model
+    from groundup.model.model_dir import save_model
     from groundup.tokenizer import TokenizerConfig, train_tokenizer
 
     model_dir, hf_dir = work / "model", work / "hf"
@@ -106,7 +106,7 @@ def lm_eval_task(name: str):
     from lm_eval.api.task import ConfigurableTask
     from lm_eval.tasks._yaml_loader import load_yaml
 
-    from groundup.eval.tasks import generative, multiple_choice as mc
+    from groundup.benchmarks import generative, multiple_choice as mc
 
     hf = mc._hf
     # lm-eval builds its few-shot sampler from a train split even at 0-shot: given the split groundup uses
@@ -194,7 +194,7 @@ def compare_mc(name: str, ours: list[dict], theirs: list[dict], our_result: dict
 
 def compare_gsm8k(ours: list[dict], theirs: list[dict], their_metrics: dict) -> dict:
     """groundup's extraction and exact match on lm-eval's own generations, and the two engines' texts."""
-    from groundup.eval.tasks import exact_match, extract_flexible, extract_strict
+    from groundup.benchmarks import exact_match, extract_flexible, extract_strict
 
     by_doc: dict[int, dict] = {}
     for s in theirs:
@@ -221,7 +221,7 @@ def scoring_speed(lm, model, tok, name: str, limit: int, batch_size: int, repeat
     from lm_eval.api.instance import Instance
 
     from groundup.eval.scoring import encode_requests, score_requests
-    from groundup.eval.tasks import get_task
+    from groundup.benchmarks import get_task
 
     items = get_task(name).items(limit=limit)
     requests, groups = [], []
@@ -274,7 +274,7 @@ def main() -> None:
     import torch
     from lm_eval.models.huggingface import HFLM
 
-    from groundup.infer.loading import load_for_inference
+    from groundup.loading import load_for_inference
 
     datasets.disable_progress_bars()
     torch.set_num_threads(args.threads)

@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from groundup.infer.loading import load_for_inference
+from groundup.loading import load_for_inference
 from groundup.posttrain.pairs import read_pairs
 from groundup.posttrain.preference import make_batch, sequence_logps
 from groundup.posttrain.reward_model import pair_rewards

@@ -34,7 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from groundup.config import from_dict  # noqa: E402
 from groundup.model import ModelConfig, Transformer  # noqa: E402
-from groundup.model.io import load_model, save_model  # noqa: E402
+from groundup.model.model_dir import save_model
+from groundup.quant.load import load_model  # noqa: E402
 from groundup.model.lora import LoraConfig, adapter_state, apply_lora  # noqa: E402
 from groundup.plan.measure import span, track_peak  # noqa: E402
 from groundup.quant import QuantLinear, quantize_model, save_quantized_model  # noqa: E402

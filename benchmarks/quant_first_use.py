@@ -44,7 +44,7 @@ t0 = time.perf_counter()
 import torch
 torch.set_num_threads(int(sys.argv[3]))
 from groundup.infer import Generator
-from groundup.model.io import load_model
+from groundup.quant.load import load_model
 from groundup.quant import set_kernel_backend
 from groundup.tokenizer import load_tokenizer
 t_import = time.perf_counter()
@@ -87,7 +87,8 @@ def child(model_dir: Path, backend: str, threads: int, caches: Path | None) -> d
 
 def make_models(run: Path, root: Path) -> str:
     from groundup.layout import find_tokenizer_dir, resolve_model_dir
-    from groundup.model.io import load_model, save_model
+    from groundup.model.model_dir import save_model
+    from groundup.quant.load import load_model
     from groundup.quant import quantize_model, save_quantized_model
     from groundup.tokenizer import load_tokenizer
 

@@ -60,7 +60,7 @@ def demo_model(run: Path, tokens: Path):
     """(model, tokenizer, description): the trained demo checkpoint, else random weights."""
     from groundup.demo.config import DEMO_MODEL
     from groundup.layout import find_tokenizer_dir, resolve_model_dir
-    from groundup.model.io import load_model
+    from groundup.quant.load import load_model
     from groundup.tokenizer import load_tokenizer
 
     try:
@@ -165,7 +165,7 @@ def variants(base, calibration: list[list[int]], skip_torchao: bool) -> tuple[di
 
 
 def size_bytes(name: str, model) -> int:
-    from groundup.model.io import save_model
+    from groundup.model.model_dir import save_model
     from groundup.quant import save_quantized_model
 
     if name.startswith("torchao"):

@@ -52,7 +52,7 @@ def build_model(work: Path) -> Path:
     from groundup.config import from_dict
     from groundup.corpus import iter_shakespeare
     from groundup.model import ModelConfig, Transformer
-    from groundup.model.io import save_model
+    from groundup.model.model_dir import save_model
     from groundup.tokenizer import TokenizerConfig, train_tokenizer
 
     texts = [w["text"] for w in itertools.islice(iter_shakespeare(), 30)]

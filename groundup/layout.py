@@ -39,6 +39,7 @@ from groundup.errors import CheckpointError
 # Model directory
 WEIGHTS_FILE = "model.safetensors"
 MODEL_CONFIG_FILE = "model.toml"
+QUANTIZATION_TABLE = "quantization"  # the table of MODEL/model.toml that marks a quantized model (quant/spec.py)
 TOKENIZER_DIR = "tokenizer"
 
 # Tokenizer directory

@@ -10,7 +10,7 @@ import torch
 from conftest import tiny_config
 from groundup.corpus import iter_shakespeare
 from groundup.model import Transformer
-from groundup.model.io import save_model
+from groundup.model.model_dir import save_model
 from groundup.tokenizer import Tokenizer, TokenizerConfig, train_tokenizer
 
 VOCAB = 512

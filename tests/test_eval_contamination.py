@@ -14,7 +14,7 @@ from groundup.cli import main
 from groundup.data.decontaminate import NgramIndex, item_text, normalize, task_texts
 from groundup.eval.contamination import contamination
 from groundup.eval.membership import auc, membership, min_k_plus_plus, min_k_prob
-from groundup.eval.tasks import get_task
+from groundup.benchmarks import get_task
 from infer_helpers import model_dir, small_tokenizer, tiny_model
 
 

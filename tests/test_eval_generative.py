@@ -7,8 +7,9 @@ import pytest
 
 from groundup.eval.generation import EngineCompleter, Generated, run_generative
 from groundup.eval.harness import EvalSettings, evaluate_task
-from groundup.eval.sandbox import default_python, pass_at_k
-from groundup.eval.tasks import get_task
+from groundup.eval.metrics import pass_at_k
+from groundup.sandbox.runner import default_python
+from groundup.benchmarks import get_task
 from infer_helpers import small_tokenizer, tiny_model
 
 

@@ -14,7 +14,7 @@ from groundup.eval.harness import EvalSettings, aggregate, evaluate_task
 from groundup.eval.metrics import (bootstrap_stderr, centered, choice_metrics, mean_stderr, perplexity,
                                    perplexity_of)
 from groundup.eval.scoring import encode_pair, encode_requests, score_requests
-from groundup.eval.tasks import get_task
+from groundup.benchmarks import get_task
 from infer_helpers import small_tokenizer, tiny_model
 
 WORDS = "to be or not that is the question whether tis nobler in the mind to suffer".split()

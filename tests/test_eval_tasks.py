@@ -23,7 +23,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from groundup.errors import ConfigError, DataError  # noqa: E402
-from groundup.eval.tasks import (  # noqa: E402
+from groundup.benchmarks import (  # noqa: E402
     GenItem,
     MCItem,
     exact_match,
@@ -33,8 +33,8 @@ from groundup.eval.tasks import (  # noqa: E402
     load_custom_task,
     resolve_tasks,
 )
-from groundup.eval.tasks import data, generative, multiple_choice as mc  # noqa: E402
-from groundup.eval.tasks.generative import GSM8K_STRICT, regex_extract  # noqa: E402
+from groundup.benchmarks import data, generative, multiple_choice as mc  # noqa: E402
+from groundup.benchmarks.generative import GSM8K_STRICT, regex_extract  # noqa: E402
 
 COUNTS = {
     "arc_easy": 2376, "arc_challenge": 1172, "hellaswag": 10042, "piqa": 1838, "sciq": 1000,
@@ -215,7 +215,7 @@ def test_code_task_prompts_equal_lm_eval(lm):
         assert item.tests == requests.task.doc_to_target(doc) and item.tests.endswith(f"check({doc['entry_point']})")
         assert item.entry_point == doc["entry_point"] and item.target is None
 
-    # mbpp's three examples come from lm_eval/tasks/mbpp/utils.py (read, not imported: it loads code_eval)
+    # mbpp's three examples come from lm_benchmarks/mbpp/utils.py (read, not imported: it loads code_eval)
     import lm_eval
 
     source = (Path(lm_eval.__file__).parent / "tasks/mbpp/utils.py").read_text()
@@ -307,7 +307,7 @@ def test_documents_rebuilt_from_olmes_dumps_equal_the_raw_rows():
 
 
 def test_item_counts_hashes_and_table():
-    import groundup.eval.tasks as package
+    import groundup.benchmarks as package
 
     for name, count in COUNTS.items():
         task = get_task(name)

@@ -195,7 +195,7 @@ def test_metadata_loaders_refuse_the_wrong_shape_by_name(value, which):
     from groundup.interop.hf_import import import_hf
     from groundup.interop.peft_format import adapter_config
     from groundup.layout import checkpoint_problem, find_intact_checkpoint
-    from groundup.model.io import load_model_config
+    from groundup.model.model_dir import load_model_config
     from groundup.tokenizer import load_tokenizer
     from groundup.tokens.shards import read_index
 
@@ -228,7 +228,7 @@ def test_metadata_loaders_refuse_the_wrong_shape_by_name(value, which):
 
 
 def test_non_utf8_files_are_named(tmp_path):
-    from groundup.model.io import load_model_config
+    from groundup.model.model_dir import load_model_config
     from groundup.tokenizer import load_tokenizer
     from groundup.tokens.shards import read_index
 

@@ -20,7 +20,7 @@ from groundup.config import ConfigError
 from groundup.errors import CheckpointError, DataError
 from groundup.interop.gguf_import import import_gguf
 from groundup.interop.hf_weights import to_hf_state
-from groundup.model.io import load_model
+from groundup.quant.load import load_model
 from groundup.tokenizer import load_tokenizer
 from groundup.tokenizer.hf_format import derive_merges, to_unicode
 from infer_helpers import small_tokenizer, tiny_model

@@ -20,7 +20,7 @@ from groundup.config import ConfigError
 from groundup.errors import DataError
 from groundup.interop.gguf_export import export_gguf, permute_rope_rows
 from groundup.interop.gguf_import import import_gguf, read_gguf
-from groundup.model.io import load_model
+from groundup.quant.load import load_model
 from groundup.quant import quantize_model, save_quantized_model
 from groundup.tokenizer import TokenizerConfig, load_tokenizer, train_tokenizer
 from infer_helpers import model_dir, small_tokenizer

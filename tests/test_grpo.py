@@ -15,7 +15,7 @@ from groundup.config import load_config
 from groundup.errors import ConfigError
 from groundup.posttrain.config import GRPOConfig
 from groundup.posttrain.grpo import aggregate, grpo, grpo_token_loss
-from groundup.posttrain.rewards import exact_match, exact_match_lenient, format_answer, load_rewards, score
+from groundup.rewards.functions import exact_match, exact_match_lenient, format_answer, load_rewards, score
 from infer_helpers import model_dir, small_tokenizer, tiny_model
 from train_helpers import assert_resumes_exactly, metrics
 

@@ -14,7 +14,7 @@ from groundup.config import ConfigError
 from groundup.errors import CheckpointError
 from groundup.infer import Generator
 from groundup.interop import export_hf, import_hf
-from groundup.model.io import load_model
+from groundup.quant.load import load_model
 from infer_helpers import VOCAB, model_dir, small_tokenizer, tiny_model
 
 transformers = pytest.importorskip(

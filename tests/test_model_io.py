@@ -8,7 +8,8 @@ import torch
 from conftest import VARIANTS, tiny_config
 from groundup.errors import CheckpointError
 from groundup.model import Transformer
-from groundup.model.io import load_model, save_model
+from groundup.model.model_dir import save_model
+from groundup.quant.load import load_model
 
 
 @pytest.mark.parametrize("variant", ["gqa", "mla_moe", "relu2_untied"])

@@ -15,8 +15,9 @@ import torch
 from safetensors.torch import load_file
 
 from groundup.config import ConfigError, load_config
-from groundup.infer.loading import load_for_inference
-from groundup.model.io import load_model, save_model
+from groundup.loading import load_for_inference
+from groundup.model.model_dir import save_model
+from groundup.quant.load import load_model
 from groundup.model.lora import LoraConfig, LoRALinear, apply_lora
 from groundup.posttrain.config import SFTConfig
 from groundup.posttrain.sft import sft

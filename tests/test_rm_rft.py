@@ -14,7 +14,8 @@ from groundup.config import load_config
 from groundup.errors import DataError
 from groundup.posttrain.config import RFTConfig, RMConfig
 from groundup.posttrain.pairs import read_pairs
-from groundup.posttrain.reward_model import RewardModelScorer, RewardObjective, rm
+from groundup.posttrain.reward_model import RewardObjective, rm
+from groundup.rewards.model_scorer import RewardModelScorer
 from groundup.posttrain.rft import rft
 from infer_helpers import model_dir, small_tokenizer, tiny_model
 from train_helpers import assert_resumes_exactly, assert_same_steps, metrics, run_cli
@@ -113,8 +114,8 @@ def test_reward_model_learns_the_preference_resumes_exactly_and_ranks_samples(ro
     assert scorer("Is 5 more than 2?", "yes indeed") > scorer("Is 5 more than 2?", "no never")
     # a chat prompt's whole conversation reaches the reward model (through rewards.score), the system
     # message included; a plain reward function still sees only the user's message
-    from groundup.posttrain.preference import full_rows
-    from groundup.posttrain.rewards import Reward, score
+    from groundup.rewards.model_scorer import full_rows
+    from groundup.rewards.functions import Reward, score
 
     conversation = [{"role": "system", "content": "Answer in one word."}, {"role": "user", "content": "Is 5 more than 2?"}]
     ids, _ = scorer.tok.render_chat(conversation + [{"role": "assistant", "content": "yes indeed"}])

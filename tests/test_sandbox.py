@@ -14,9 +14,8 @@ import time
 import pytest
 
 from groundup.errors import ConfigError
-from groundup.eval.sandbox import (
-    SandboxResult, check_completion, isolation_layers, pass_at_k, run_many, run_program,
-)
+from groundup.eval.metrics import pass_at_k
+from groundup.sandbox.runner import SandboxResult, check_completion, isolation_layers, run_many, run_program
 
 ROOT = os.geteuid() == 0
 LAYERS = isolation_layers()

@@ -13,7 +13,7 @@ from groundup.data.readers import ReadStats
 from groundup.model.loss import IGNORE_INDEX
 from groundup.posttrain.config import SFTConfig
 from groundup.posttrain.records import iter_examples
-from groundup.posttrain.rewards import extract_answer
+from groundup.rewards.functions import extract_answer
 from groundup.posttrain.sft import sft
 from groundup.posttrain.sft_data import collate, pack, tokenize
 from infer_helpers import model_dir, small_tokenizer, tiny_model

@@ -158,7 +158,7 @@ def test_a_crash_never_leaves_a_complete_looking_output(tok, corpus, tmp_path, m
     with pytest.raises(DataError, match="input not found"):  # failing before any write keeps the output
         tokenize_to_shards([tmp_path / "typo.jsonl"], tok, out, progress=False)
     assert read_index(out)["tokens"] > 0
-    import groundup.tokenizer.parallel as parallel
+    import groundup.tokens.writer as writer
 
     def failing(tok, batches, fn, workers=0):
         for i, batch in enumerate(batches):
@@ -166,7 +166,7 @@ def test_a_crash_never_leaves_a_complete_looking_output(tok, corpus, tmp_path, m
                 raise RuntimeError("disk on fire")
             yield fn(tok, batch)
 
-    monkeypatch.setattr(parallel, "map_batches", failing)
+    monkeypatch.setattr(writer, "map_batches", failing)
     with pytest.raises(RuntimeError, match="disk on fire"):
         tokenize_to_shards([corpus[0]], tok, out, TokenizeConfig(shard_tokens=50_000, batch_bytes=100_000),
                            progress=False)

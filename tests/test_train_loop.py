@@ -11,7 +11,7 @@ import torch
 
 from groundup.errors import CheckpointError, ConfigError, DataError
 from groundup.layout import LATEST_POINTER, resolve_model_dir
-from groundup.model.io import load_model
+from groundup.quant.load import load_model
 from groundup.train import train
 from tests.train_helpers import make_shards, metrics, run_cli, shared_shards, tiny_config
 

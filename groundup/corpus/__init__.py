@@ -15,9 +15,11 @@ from __future__ import annotations
 
 from typing import Iterable, Iterator
 
+from groundup.corpus.chat import is_heldout_prompt
 from groundup.corpus.math_problems import generate_math_records
 from groundup.corpus.shakespeare import iter_shakespeare
 from groundup.corpus.stdlib_code import iter_stdlib_code
+from groundup.errors import ConfigError
 
 DOMAINS = ("text", "code", "math")
 
@@ -61,8 +63,6 @@ def iter_corpus(
     domains = tuple(domains)
     unknown = set(domains) - set(DOMAINS)
     if unknown:
-        from groundup.errors import ConfigError
-
         raise ConfigError(f"unknown corpus domain(s) {sorted(unknown)}: expected some of {list(DOMAINS)}")
     sources = []
     if "text" in domains:
@@ -77,8 +77,6 @@ def iter_corpus(
             else:
                 yield record
     if "math" in domains:
-        from groundup.corpus.chat import is_heldout_prompt
-
         yield from generate_math_records(math_count, seed=seed, max_operand=max_operand,
                                          exclude=lambda question: is_heldout_prompt(question, seed))
 

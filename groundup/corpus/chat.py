@@ -27,6 +27,7 @@ from groundup.corpus.math_problems import GENERATORS, OperandRandom
 from groundup.corpus.shakespeare import iter_shakespeare
 from groundup.corpus.stdlib_code import iter_stdlib_code
 from groundup.data.hashing import document_score
+from groundup.errors import ConfigError
 
 CHAT_DOMAINS = ("math", "code", "text")
 HELDOUT_FRACTION = 0.05
@@ -129,8 +130,6 @@ def iter_chat(domains: Iterable[str] = CHAT_DOMAINS, *, math_count: int = 20_000
     domains = tuple(domains)
     unknown = set(domains) - set(CHAT_DOMAINS)
     if unknown:
-        from groundup.errors import ConfigError
-
         raise ConfigError(f"unknown chat domain(s) {sorted(unknown)}: expected some of {list(CHAT_DOMAINS)}")
     makers = {"math": lambda: math_chats(math_count, seed, max_operand), "code": lambda: code_chats(code_count, seed),
               "text": lambda: text_chats(text_count, seed)}

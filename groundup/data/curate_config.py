@@ -19,6 +19,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal
 
+from groundup.benchmarks import resolve_tasks
 from groundup.config import fail
 
 FILTER_NAMES = ("gopher_quality", "gopher_repetition", "c4", "fineweb", "ngram_repetition", "code", "math")
@@ -224,7 +225,6 @@ class DecontaminateConfig:
         if self.ngram < 1:
             fail("ngram", self.ngram, "at least 1")
         if self.tasks:  # an unknown task fails now, not after the shards are curated
-            from groundup.eval.tasks import resolve_tasks
 
             resolve_tasks(",".join(self.tasks))
 

@@ -20,7 +20,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from groundup.data import code_filters, gopher, web_filters
-from groundup.data.curate_config import FILTER_NAMES, CurateConfig
+from groundup.data.classifier import QualityClassifier
+from groundup.data.curate_config import CurateConfig, FILTER_NAMES
 from groundup.data.minhash import MinHasher
 from groundup.data.normalize import exact_key, normalize_text
 from groundup.data.pii import PIIRedactor
@@ -74,8 +75,6 @@ class ShardCurator:
         self.pii = PIIRedactor(cfg.pii)
         self.classifier = None
         if cfg.classifier.model:
-            from groundup.data.classifier import QualityClassifier
-
             self.classifier = QualityClassifier.load(cfg.classifier.model)
 
     def _judge(self, name: str, doc: _Doc, record: dict) -> str | None:

@@ -29,6 +29,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from groundup.benchmarks import resolve_tasks
 from groundup.data.hashing import fmix64, hash_words, window_hashes
 
 NGRAM = 13  # lm-eval's (and GPT-3's) decontamination n-gram
@@ -130,8 +131,7 @@ def item_text(item) -> str:
 
 def task_texts(tasks: str | Iterable[str], limit: int | None = None) -> list[tuple[str, list[str], list[str]]]:
     """(task name, item ids, item texts) per task of a spec (names, groups, custom .toml files),
-    zero-shot; reads the eval task layer (groundup.eval.tasks)."""
-    from groundup.eval.tasks import resolve_tasks
+    zero-shot; reads the eval task layer (groundup.benchmarks)."""
 
     spec = tasks if isinstance(tasks, str) else ",".join(tasks)
     out = []

@@ -38,9 +38,11 @@ import pyarrow.parquet as pq
 from groundup.config import config_diff, save_config
 from groundup.data.curate_config import CurateConfig, fingerprint_dict
 from groundup.data.curate_shard import ShardCurator, shard_complete, shard_files
+from groundup.data.decontaminate import decontaminate_stage
 from groundup.data.dedup import DedupResult, deduplicate, shard_offsets
 from groundup.data.mixing import assign_copies, plan_mix
 from groundup.data.output import write_output_shard
+from groundup.data.ray_curate import RayExecutor
 from groundup.data.readers import ReadStats, check_inputs, no_records_error
 from groundup.data.report import build_report, write_report
 from groundup.data.stats import StageStats
@@ -185,8 +187,6 @@ def open_executor(executor: str, address: str | None, cfg: CurateConfig, work: P
             raise DataError(f"--address {address}: only --executor ray connects to a cluster")
         yield LocalExecutor(cfg, work, progress)
     elif executor == "ray":
-        from groundup.data.ray_curate import RayExecutor
-
         with RayExecutor.connect(address, cfg, work, progress) as ray_executor:
             yield ray_executor
     else:
@@ -231,7 +231,6 @@ def _run(ex, inputs: list[Path], out: Path, cfg: CurateConfig, work: Path, start
         _bulk_stage(stats, "classifier_top_fraction", cols, alive, keep, "below_top_fraction")
         alive = keep
     if cfg.decontaminate.tasks:  # documents sharing a 13-gram with an eval item (data/decontaminate.py)
-        from groundup.data.decontaminate import decontaminate_stage
 
         t1 = time.perf_counter()
         keep = decontaminate_stage(cfg.decontaminate, [f["stage"] for f in files], counts, alive, stats)

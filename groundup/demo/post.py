@@ -15,8 +15,13 @@ import shutil
 from pathlib import Path
 
 from groundup.config import to_toml
+from groundup.data.readers import ReadStats
 from groundup.demo.scorecard import pick_chats, scaled, score_model
 from groundup.io import atomic_write_json, read_json
+from groundup.layout import SUMMARY_FILE
+from groundup.model.model_dir import load_model_config
+from groundup.posttrain.records import iter_examples
+from groundup.tokenizer import load_tokenizer
 
 CHAT_DOMAINS = ("math", "code", "text")
 FULL_BUDGET_S = 15 * 60  # the scorecard's item counts are given for a 15-minute demo
@@ -37,11 +42,6 @@ class PostStages:
     def chats(self) -> dict:
         """The held-out conversations every model answers (the same for every row)."""
         if self._chats is None:
-            from groundup.data.readers import ReadStats
-            from groundup.model.io import load_model_config
-            from groundup.posttrain.records import iter_examples
-            from groundup.tokenizer import load_tokenizer
-
             chat = self.out / "chat"
             found = {d: list(iter_examples([chat / f"chat-{d}.heldout.jsonl"], ReadStats(), []))
                      for d in CHAT_DOMAINS if (chat / f"chat-{d}.heldout.jsonl").is_file()}
@@ -205,8 +205,6 @@ class PostStages:
 
 
 def _summary(run: Path) -> dict:
-    from groundup.layout import SUMMARY_FILE
-
     s = read_json(run / SUMMARY_FILE)
     return {k: s.get(k) for k in ("steps", "max_steps", "tokens", "train_loss", "val_loss", "wall_time_s", "replans",
                                   "time_limit_reached", "eval")}

@@ -31,10 +31,16 @@ from groundup.demo.budget import DemoBudget
 from groundup.demo.config import DemoConfig
 from groundup.demo.post import PostStages
 from groundup.demo.stages import StageRunner, banner
-from groundup.train.threads import fastest_threads
 from groundup.errors import GroundupError
+from groundup.infer import Generator
 from groundup.io import atomic_write_json, atomic_write_text, ensure_writable_dir, read_json
-from groundup.layout import SUMMARY_FILE
+from groundup.layout import (MODEL_CONFIG_FILE, SUMMARY_FILE, TOKENIZER_DIR, WEIGHTS_FILE, find_tokenizer_dir,
+                             resolve_model_dir)
+from groundup.model import Transformer
+from groundup.model.model_dir import save_model
+from groundup.report import write_report
+from groundup.tokenizer import load_tokenizer
+from groundup.train.threads import fastest_threads
 
 
 class Demo:
@@ -65,7 +71,6 @@ class Demo:
 
     def export(self, source: Path, name: str) -> Path:
         """The newest checkpoint of run `source` as the model directory OUT/models/NAME (weights, config, tokenizer)."""
-        from groundup.layout import MODEL_CONFIG_FILE, TOKENIZER_DIR, WEIGHTS_FILE, find_tokenizer_dir, resolve_model_dir
 
         model = resolve_model_dir(source)
         dest = self.out / "models" / name
@@ -156,11 +161,6 @@ class Demo:
 
         import torch
 
-        from groundup.layout import TOKENIZER_DIR
-        from groundup.model import Transformer
-        from groundup.model.io import save_model
-        from groundup.tokenizer import load_tokenizer
-
         c = self.cfg.pretrain
         config = c.model
         if c.data.match_vocab:
@@ -190,8 +190,6 @@ class Demo:
                                             "time_limit_reached")}
 
     def _samples(self) -> None:
-        from groundup.infer import Generator
-
         s = self.cfg.samples
         gen = Generator.from_checkpoint(self.out / "models" / "base")
         items = []
@@ -212,7 +210,6 @@ class Demo:
         atomic_write_json(o / "budget.json", {"budget_s": self.budget.total, "stages": self.runner.times(),
                                               "plans": self.plans})
         banner("Report card")
-        from groundup.report import write_report
 
         path = write_report(o, title="groundup demo")
         total = sum(self.runner.times().values())

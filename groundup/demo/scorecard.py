@@ -25,7 +25,15 @@ from pathlib import Path
 
 import torch
 
+from groundup.benchmarks import resolve_tasks
+from groundup.benchmarks.data import wheel_root
+from groundup.errors import DataError
+from groundup.eval.harness import EvalSettings, evaluate as run_tasks
+from groundup.eval.perplexity import evaluate as perplexity
+from groundup.infer import Generator
 from groundup.layout import resolve_model_dir
+from groundup.loading import load_for_inference
+from groundup.posttrain.chat_eval import chat_metrics, chat_replies, native_math_metrics
 
 
 @dataclass
@@ -71,7 +79,6 @@ def weights_bytes(model_dir: Path) -> int:
 @torch.no_grad()
 def decode_speed(model, tokenizer, tokens: int) -> float:
     """Greedy tokens per second of one sequence, after a warm-up (a reply that ends early counts what it made)."""
-    from groundup.infer import Generator
 
     gen = Generator(model, tokenizer)
     prompt = [list(tokenizer.prefix_ids) + tokenizer.encode("ROMEO.\n")]
@@ -85,13 +92,6 @@ def decode_speed(model, tokenizer, tokens: int) -> float:
 def score_model(path: str | Path, *, tokens: str | Path, chats: dict[str, list], cfg: ScorecardConfig,
                 scale: float, native_math: bool = False) -> dict:
     """The report card's row for the model at `path` (see the module docstring)."""
-    from groundup.eval.harness import EvalSettings, evaluate as run_tasks
-    from groundup.eval.perplexity import evaluate as perplexity
-    from groundup.errors import DataError
-    from groundup.eval.tasks import resolve_tasks
-    from groundup.eval.tasks.data import wheel_root
-    from groundup.infer.loading import load_for_inference
-    from groundup.posttrain.chat_eval import chat_metrics, chat_replies, native_math_metrics
 
     started = time.perf_counter()
     timings: dict[str, float] = {}

@@ -24,6 +24,8 @@ from typing import Callable, Iterator
 import numpy as np
 import torch
 
+from groundup.data import ReadStats, iter_records
+from groundup.eval.perplexity import evaluate
 from groundup.eval.scoring import prefix_ids
 from groundup.model.logprobs import logprobs
 from groundup.model.loss import IGNORE_INDEX
@@ -37,8 +39,6 @@ def bits_per_byte(model, tokenizer, path: str | Path, *, split: str = "val", bat
                   seq_len: int | None = None, progress: Callable[[int], None] | None = None) -> dict:
     """{"kind", "loss", "bpb", "tokens", "bytes", "domains": {name: {...}}} for one path."""
     if is_token_shards(path):
-        from groundup.eval.perplexity import evaluate
-
         result = evaluate(model, path, split, tokenizer=tokenizer, batch_size=batch_size, seq_len=seq_len)
         return {"kind": f"token shards ({split} split)", **result}
     return {"kind": "text records", **_text_bpb(model, tokenizer, path, batch_size, seq_len, progress)}
@@ -46,7 +46,6 @@ def bits_per_byte(model, tokenizer, path: str | Path, *, split: str = "val", bat
 
 def _windows(tokenizer, path, seq_len: int, read_stats) -> Iterator[tuple[str, list[int], list[bool]]]:
     """(domain, window ids, scored flags) over every domain's stream, in order of arrival."""
-    from groundup.data import iter_records
 
     prefix = prefix_ids(tokenizer)
     eot = tokenizer.eot_id
@@ -92,8 +91,6 @@ def _scores(nll: float, tokens: int, nbytes: int) -> dict:
 
 
 def _text_bpb(model, tokenizer, path, batch_size: int, seq_len: int | None, progress) -> dict:
-    from groundup.data import ReadStats
-
     seq_len = min(seq_len or model.cfg.max_seq_len, model.cfg.max_seq_len)
     token_bytes = np.asarray(tokenizer.token_bytes(), dtype=np.int64)
     totals: dict[str, list] = {}

@@ -73,7 +73,7 @@ def evaluate_arguments(p: argparse.ArgumentParser) -> None:
 
 def _resolve(spec: str | None):
     """Tasks resolved and their data located, before any model is loaded."""
-    from groundup.eval.tasks import resolve_tasks
+    from groundup.benchmarks import resolve_tasks
 
     if spec is None:
         return []
@@ -81,7 +81,7 @@ def _resolve(spec: str | None):
     for task in tasks:
         task.files()  # a missing benchmark package or file: its DataError now
         if task.kind == "generate" and any(item.tests is not None for item in task.items(limit=1)):
-            from groundup.eval.sandbox import default_python
+            from groundup.sandbox.runner import default_python
 
             default_python()  # no interpreter the sandbox can run: say so before generating anything
     return tasks
@@ -90,7 +90,7 @@ def _resolve(spec: str | None):
 def _load(args):
     import torch
 
-    from groundup.infer.loading import load_for_inference
+    from groundup.loading import load_for_inference
 
     if args.threads is not None:
         if args.threads < 1:

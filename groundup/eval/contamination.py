@@ -21,20 +21,20 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
+from groundup.data import ReadStats, iter_records
 from groundup.data.decontaminate import NGRAM, NgramIndex, task_texts
 from groundup.errors import DataError
+from groundup.tokenizer import load_tokenizer
+from groundup.tokens.shards import open_split, read_index, shards_tokenizer
 
 
 def _shard_tokenizer(shard_dir: Path, index: dict, tokenizer):
-    from groundup.tokenizer import load_tokenizer
-
     if tokenizer is not None:
         tok = load_tokenizer(tokenizer) if isinstance(tokenizer, (str, Path)) else tokenizer
         if tok.hash != index.get("tokenizer_hash"):
             raise DataError(f"{shard_dir}: token shards were made by tokenizer {index.get('tokenizer_hash')}, "
                             f"not by the given one ({tok.hash})")
         return tok
-    from groundup.tokens.shards import shards_tokenizer
 
     found = shards_tokenizer(shard_dir, index)
     if found is None:
@@ -45,8 +45,6 @@ def _shard_tokenizer(shard_dir: Path, index: dict, tokenizer):
 
 def _shard_texts(shard_dir: Path, tokenizer) -> Iterator[tuple[str, str]]:
     import json
-
-    from groundup.tokens.shards import open_split, read_index
 
     index = read_index(shard_dir)
     tok = _shard_tokenizer(shard_dir, index, tokenizer)
@@ -64,7 +62,6 @@ def _shard_texts(shard_dir: Path, tokenizer) -> Iterator[tuple[str, str]]:
 
 def iter_training_texts(paths: Sequence[str | Path], tokenizer=None, read_stats=None) -> Iterator[tuple[str, str]]:
     """(document id, text) of every training document under `paths`, streamed."""
-    from groundup.data import ReadStats, iter_records
 
     stats = read_stats if read_stats is not None else ReadStats()
     for p in map(Path, paths):
@@ -82,7 +79,6 @@ def contamination(data: Sequence[str | Path], tasks: str, *, limit: int | None =
                   ngram: int = NGRAM, max_ids: int = 10, chunk_chars: int = 16 << 20,
                   progress: Callable[[int], None] | None = None) -> dict:
     """The contamination report (see the module docstring) and per-item records under "records"."""
-    from groundup.data import ReadStats
 
     per_task = task_texts(tasks, limit)
     names, ids, texts = [], [], []

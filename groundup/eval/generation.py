@@ -16,7 +16,7 @@ Scoring:
 - Code (items with tests): HumanEval runs prompt + completion + "\\n" + tests (which end in
   `check(entry_point)`), MBPP completion + "\\n" + tests, as lm-eval's code_eval builds them; each
   program runs in `sandbox.run_many` with `sandbox.default_python()`; per item c of n samples
-  pass, pass@k is the unbiased estimator (`sandbox.pass_at_k`), averaged over items.
+  pass, pass@k is the unbiased estimator (`metrics.pass_at_k`), averaged over items.
 - Custom generative tasks: exact match of the stripped output and target.
 
 The completer is any callable (tests pass a stub whose outputs they choose).
@@ -27,8 +27,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
 
-from groundup.eval.metrics import mean_stderr
+from groundup.benchmarks import exact_match, extract_flexible, extract_strict
+from groundup.errors import GroundupError
+from groundup.eval.metrics import mean_stderr, pass_at_k
 from groundup.eval.scoring import prefix_ids
+from groundup.sandbox.runner import default_python, run_many
 
 
 @dataclass
@@ -53,8 +56,6 @@ class EngineCompleter:
         self.progress = progress
 
     def __call__(self, prompts, *, stop, max_new_tokens, temperature, seed) -> list[Generated]:
-        from groundup.errors import GroundupError
-
         context = self.gen.cfg.max_seq_len
         max_new_tokens = max(1, min(max_new_tokens, context - 1))
         rows = [self.prefix + ids for ids in self.gen.tokenizer.encode_batch(list(prompts))]
@@ -134,8 +135,6 @@ def _mean(values: list[float]) -> dict:
 
 
 def _score_gsm8k(items, records) -> dict:
-    from groundup.eval.tasks import exact_match, extract_flexible, extract_strict
-
     strict, flexible = [], []
     for item, r in zip(items, records):
         text = r["outputs"][0]
@@ -156,8 +155,6 @@ def _score_exact(items, records) -> dict:
 
 
 def _score_code(items, records, samples: int, ks: Sequence[int], timeout: float, workers: int | None) -> dict:
-    from groundup.eval.sandbox import default_python, pass_at_k, run_many
-
     python = default_python()
     programs = [p for item, r in zip(items, records) for p in _programs(item, r["outputs"])]
     results = run_many(programs, workers=workers, python=python, timeout=timeout)

@@ -6,7 +6,7 @@
     out["aggregate"]                                        # the chance-centred mean over multiple-choice tasks
     out["records"]["arc_easy"][0]                           # one item: log-likelihoods, prediction, gold
 
-The promise, per kind of task (task layer: groundup/eval/tasks):
+The promise, per kind of task (task definitions: groundup/benchmarks):
 - multiple_choice: every choice's log-likelihood (eval/scoring.py: lm-eval's tokenisation, each
   shared context once); acc, acc_norm (per character) and acc_bytes (per UTF-8 byte) as lm-eval's
   process_results; standard errors lm-eval's `mean_stderr`.
@@ -30,9 +30,11 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from groundup.errors import ConfigError
+from groundup.eval.generation import EngineCompleter, run_generative
 from groundup.eval.metrics import (bootstrap_stderr, centered, choice_metrics, core_metric, mean_stderr, perplexity,
                                    perplexity_of)
 from groundup.eval.scoring import encode_requests, score_requests
+from groundup.infer.engine import Generator
 
 MC_METRICS = ("acc", "acc_norm", "acc_bytes")
 GEN_METRICS = ("exact_match", "pass@1", "pass_at_1")
@@ -133,13 +135,9 @@ def _loglikelihood_task(model, tokenizer, task, items, settings: EvalSettings, p
 
 
 def _generate_task(model, tokenizer, task, items, settings: EvalSettings, progress: bool, completer):
-    from groundup.eval.generation import EngineCompleter, run_generative
-
     n = len(items) * settings.samples
     with _bar(progress, n, task.name) as bar:
         if completer is None:
-            from groundup.infer.engine import Generator
-
             completer = EngineCompleter(Generator(model, tokenizer), settings.gen_batch_size, progress=bar.update)
         out = run_generative(task, items, completer, samples=settings.samples, ks=settings.ks,
                              temperature=settings.temperature, max_new_tokens=settings.max_gen_tokens,

@@ -26,6 +26,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from groundup.corpus import generate_math_records
+from groundup.errors import ConfigError
 from groundup.eval.metrics import summarize
 from groundup.eval.scoring import prefix_ids
 from groundup.model.logprobs import token_stats
@@ -88,8 +90,6 @@ def shuffled(texts: Sequence[str], seed: int = 0) -> list[str]:
 
 
 def fresh_math(n: int, seed: int | None = None) -> list[str]:
-    from groundup.corpus import generate_math_records
-
     seed = random.SystemRandom().randrange(1 << 30) if seed is None else seed
     return [r["text"] for r in generate_math_records(n, seed=seed)]
 
@@ -119,8 +119,6 @@ def membership(model, tokenizer, task_texts: dict[str, list[str]], *, reference:
                batch_size: int = 8, seed: int = 0) -> dict:
     """Per task: Min-K% and Min-K%++ summaries on its items and on the reference text, and their AUC."""
     if reference not in ("shuffled", "math"):
-        from groundup.errors import ConfigError
-
         raise ConfigError(f"reference = {reference!r}: expected 'shuffled' or 'math'", key="reference")
     out = {"k": k, "reference": reference, "tasks": {}}
     for name, texts in task_texts.items():

@@ -95,3 +95,14 @@ def summarize(values: Sequence[float]) -> dict:
     q = np.quantile(xs, [0.1, 0.5, 0.9])
     return {"n": int(len(xs)), "mean": float(xs.mean()), "std": float(xs.std()), "p10": float(q[0]),
             "p50": float(q[1]), "p90": float(q[2])}
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples with c correct (Chen et al. 2021): 1 - C(n-c, k) / C(n, k)."""
+    if k > n:
+        raise ValueError(f"pass_at_k: k = {k} exceeds the number of samples n = {n}")
+    if k < 1 or c < 0 or c > n:
+        raise ValueError(f"pass_at_k: need 1 <= k <= n and 0 <= c <= n, got n={n}, c={c}, k={k}")
+    if n - c < k:
+        return 1.0
+    return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))

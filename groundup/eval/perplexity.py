@@ -26,12 +26,13 @@ from typing import Callable
 import numpy as np
 import torch
 
+from groundup.tokenizer import load_tokenizer
 from groundup.tokens.loader import IGNORE_INDEX, TokenLoader
+from groundup.tokens.shards import shards_tokenizer
 
 
 def _token_bytes(tokenizer, index: dict, shard_dir: Path) -> np.ndarray | None:
     """UTF-8 bytes per token id, from the given tokenizer or the one the shards' index names (if found)."""
-    from groundup.tokens.shards import shards_tokenizer
 
     if tokenizer is None:
         found = shards_tokenizer(shard_dir, index)
@@ -59,8 +60,6 @@ def evaluate(model: torch.nn.Module, shard_dir: str | Path, split: str = "val", 
     seq_len = seq_len or inner.cfg.max_seq_len
     device = next(inner.parameters()).device
     if isinstance(tokenizer, (str, Path)):
-        from groundup.tokenizer import load_tokenizer
-
         tokenizer = load_tokenizer(tokenizer)
     loader = TokenLoader(shard_dir, split, seq_len, batch_size, rank=rank, world_size=world_size,
                          bos_aligned=bos_aligned, expected_tokenizer_hash=tokenizer.hash if tokenizer else None)

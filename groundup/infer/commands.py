@@ -133,7 +133,7 @@ def generate(args: argparse.Namespace) -> int:
 def _best_of(args: argparse.Namespace, prompts: list[str], sampling) -> int:
     """Best-of-n sampling: n completions per prompt, the highest-scored printed with its score."""
     from groundup.errors import ConfigError
-    from groundup.posttrain.rewards import load_rewards, parse_reward_args, score
+    from groundup.rewards.functions import load_rewards, parse_reward_args, score
 
     if args.best_of < 1 or not args.reward:
         raise ConfigError("--best-of N needs N >= 1 and at least one --reward", key="best_of")

@@ -33,6 +33,7 @@ from groundup.errors import CheckpointError, DataError
 from groundup.infer.sampling import Sampler, SamplingConfig
 from groundup.infer.static_decode import StaticDecoder
 from groundup.infer.text_stream import TextStream
+from groundup.loading import load_for_inference
 from groundup.model.kv_cache import KVCache
 from groundup.model.transformer import Transformer
 
@@ -73,7 +74,6 @@ class Generator:
         """A model directory (MODEL/tokenizer beside it) or a training run (its latest checkpoint and
         RUN/tokenizer); `tokenizer` overrides where the tokenizer is found; `adapter` adds a LoRA adapter
         (merged: decoding runs at the base model's speed)."""
-        from groundup.infer.loading import load_for_inference
 
         model, tok = load_for_inference(path, device, dtype, tokenizer, adapter=adapter, merge=adapter is not None)
         return cls(model, tok, compile=compile)

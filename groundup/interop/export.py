@@ -19,23 +19,22 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from groundup.device import resolve_dtype
 from groundup.errors import CheckpointError
-from groundup.infer.loading import resolve_dtype
 from groundup.interop.hf_config import choose_architecture, hf_config
 from groundup.interop.hf_tokenizer import write_tokenizer_files
 from groundup.interop.hf_weights import to_hf_state
-from groundup.io import check_out_dir
-from groundup.io import atomic_dir, atomic_write_json
+from groundup.io import atomic_dir, atomic_write_json, check_out_dir
 from groundup.layout import (HF_CONFIG_FILE, HF_GENERATION_CONFIG_FILE, HF_WEIGHTS_FILE, check_tokenizer_fits,
                              find_tokenizer_dir, resolve_model_dir)
+from groundup.quant.load import load_model
+from groundup.tokenizer import load_tokenizer
 
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
 def export_hf(checkpoint: str | Path, out: str | Path, dtype: str | None = None, overwrite: bool = False) -> str:
     """Write the Hugging Face directory; returns the architecture chosen (e.g. "llama")."""
-    from groundup.model.io import load_model
-    from groundup.tokenizer import load_tokenizer
 
     model_dir = resolve_model_dir(checkpoint)
     # A run directory's checkpoints live two levels below it: protect the run, not only the step.

@@ -52,7 +52,15 @@ from groundup.config import ConfigError, did_you_mean
 from groundup.errors import CheckpointError, DataError
 from groundup.interop.gguf_import import _GLOBAL, _LAYER
 from groundup.interop.gguf_tokenizer import GPT2, PRE_TOKENIZERS, SMOLLM
+from groundup.interop.hf_weights import rules, to_hf_state
+from groundup.layout import check_tokenizer_fits, find_tokenizer_dir, resolve_model_dir
 from groundup.model.config import ModelConfig
+from groundup.quant.formats import dequantize_int4, dequantize_int8
+from groundup.quant.load import load_model
+from groundup.quant.modules import QuantWeight
+from groundup.quant.quantized_dir import is_quantized, read_quant_spec
+from groundup.tokenizer import load_tokenizer
+from groundup.tokenizer.hf_format import PATTERN_NAMES, byte_to_unicode, split_pattern
 
 TYPES = ("f32", "f16", "q8_0", "q4_0")
 NORMAL, CONTROL, USER_DEFINED, UNUSED = 1, 3, 4, 5
@@ -131,8 +139,6 @@ def permute_rope_rows(w: np.ndarray, heads: int) -> np.ndarray:
 
 def float_state(model) -> tuple[dict[str, torch.Tensor], set[str]]:
     """(every tensor in float32 under the float model's names, the names that were quantized)."""
-    from groundup.quant.formats import dequantize_int4, dequantize_int8
-    from groundup.quant.modules import QuantWeight
 
     quant = {name: m for name, m in model.named_modules() if isinstance(m, QuantWeight)}
     state, quantized = {}, set()
@@ -171,7 +177,6 @@ def decode_tensor(data: np.ndarray, qtype) -> np.ndarray:
 def gguf_tensors(model, arch: str, type_: str, spec=None) -> tuple[list[tuple[str, np.ndarray, object]], list[str]]:
     """[(GGUF name, data, GGML type)] of the whole model, and notes; a quantized layer the type cannot hold
     exactly is refused (ConfigError) before anything is written."""
-    from groundup.interop.hf_weights import rules, to_hf_state
 
     cfg = model.cfg
     state, quantized = float_state(model)
@@ -224,8 +229,6 @@ def pre_tokenizer(tok, data: dict) -> tuple[str, str | None]:
     ordinary byte-level pieces, so every text still encodes; only such runs tokenize differently.
     """
     if tok.backend == "groundup":
-        from groundup.tokenizer.hf_format import PATTERN_NAMES, split_pattern
-
         found = [(n, d) for n in PATTERN_NAMES for d in range(1, 10) if split_pattern(n, d) == tok.pattern]
         if not found:
             raise DataError(f"tokenizer split regex {tok.pattern!r} is none of groundup's patterns; llama.cpp "
@@ -271,7 +274,6 @@ def pre_tokenizer(tok, data: dict) -> tuple[str, str | None]:
 
 def tokenizer_fields(tok, n_vocab: int) -> tuple[dict, list[str]]:
     """The tokenizer.* metadata of a byte-level BPE tokenizer padded to `n_vocab` ids, and notes."""
-    from groundup.tokenizer.hf_format import byte_to_unicode
 
     data = _tokenizer_json(tok)
     model, where = data["model"], getattr(getattr(tok, "files", None), "where", "tokenizer")
@@ -355,10 +357,6 @@ def _write(path: Path, arch: str, cfg: ModelConfig, type_: str, tokenizer: dict,
 def export_gguf(checkpoint: str | Path, out: str | Path, type_: str | None = None,
                 overwrite: bool = False) -> GGUFExport:
     """Write OUT (a .gguf file); `type_` default: f16, or f32 for a quantized model (its exact form)."""
-    from groundup.layout import check_tokenizer_fits, find_tokenizer_dir, resolve_model_dir
-    from groundup.model.io import load_model
-    from groundup.quant.io import is_quantized, read_quant_spec
-    from groundup.tokenizer import load_tokenizer
 
     _gguf()
     model_dir = resolve_model_dir(checkpoint)

@@ -31,11 +31,15 @@ import numpy as np
 import torch
 
 from groundup.config import ConfigError, from_dict
+from groundup.device import resolve_dtype
 from groundup.errors import CheckpointError, DataError
-from groundup.io import check_out_dir
-from groundup.io import atomic_dir
+from groundup.interop.gguf_tokenizer import tokenizer_from_gguf
+from groundup.interop.hf_weights import from_hf_state
+from groundup.io import atomic_dir, check_out_dir
 from groundup.layout import TOKENIZER_DIR
 from groundup.model.config import ModelConfig
+from groundup.model.model_dir import build_from_state, save_model
+from groundup.tokenizer.hf_tokenizer import HFTokenizer
 
 ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}  # GGUF name -> the Rule table's
 TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
@@ -167,11 +171,6 @@ def _default_dtype(tensors) -> torch.dtype:
 def import_gguf(path: str | Path, out: str | Path, dtype: str | None = None,
                 overwrite: bool = False) -> tuple[str, str | None]:
     """Write the groundup model directory; returns (GGUF architecture, why no tokenizer came along or None)."""
-    from groundup.infer.loading import resolve_dtype
-    from groundup.interop.gguf_tokenizer import tokenizer_from_gguf
-    from groundup.interop.hf_weights import from_hf_state
-    from groundup.model.io import build_from_state, save_model
-    from groundup.tokenizer.hf_tokenizer import HFTokenizer
 
     gguf, path = _gguf(), Path(path)
     reader, meta = read_gguf(path)

@@ -27,6 +27,7 @@ from typing import Any
 
 from groundup.errors import DataError
 from groundup.tokenizer.hf_files import HFTokenizerFiles
+from groundup.tokenizer.hf_format import byte_to_unicode
 
 CONTROL, UNKNOWN, USER_DEFINED = 3, 2, 4
 
@@ -78,8 +79,6 @@ def _added(tokens: list[str], types: list[int]):
 
 def _byte_level(meta: dict, tokens: list[str], where: str):
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
-
-    from groundup.tokenizer.hf_format import byte_to_unicode
 
     pre = meta.get("tokenizer.ggml.pre", "default")
     if pre not in PRE_TOKENIZERS:

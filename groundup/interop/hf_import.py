@@ -19,14 +19,15 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
+from groundup.device import resolve_dtype
 from groundup.errors import CheckpointError, DataError
-from groundup.infer.loading import resolve_dtype
 from groundup.interop.hf_import_config import model_config_from_hf
 from groundup.interop.hf_weights import from_hf_state
-from groundup.io import check_out_dir
-from groundup.io import atomic_dir, read_json
-from groundup.schema import check, relative_file
+from groundup.io import atomic_dir, check_out_dir, read_json
 from groundup.layout import HF_CONFIG_FILE, HF_WEIGHTS_FILE, HF_WEIGHTS_INDEX_FILE, TOKENIZER_DIR
+from groundup.model.model_dir import build_from_state, save_model
+from groundup.schema import check, relative_file
+from groundup.tokenizer import load_tokenizer
 
 
 def read_hf_weights(hf_dir: Path) -> dict[str, torch.Tensor]:
@@ -57,8 +58,6 @@ def read_hf_weights(hf_dir: Path) -> dict[str, torch.Tensor]:
 def import_hf(hf_dir: str | Path, out: str | Path, dtype: str | None = None,
               overwrite: bool = False) -> tuple[str, str | None]:
     """Write the groundup model directory; returns (architecture, why no tokenizer came along or None)."""
-    from groundup.model.io import build_from_state, save_model
-    from groundup.tokenizer import load_tokenizer
 
     hf_dir = Path(hf_dir)
     check_out_dir(out, overwrite, sources=[hf_dir])

@@ -24,17 +24,17 @@ from safetensors.torch import load_file, save_file
 
 from groundup.config import ConfigError, from_dict
 from groundup.errors import CheckpointError
+from groundup.interop.hf_config import choose_architecture
+from groundup.interop.hf_weights import rules
 from groundup.io import atomic_write_json, read_json
 from groundup.layout import ADAPTER_CONFIG_FILE, ADAPTER_META_FILE, ADAPTER_WEIGHTS_FILE
 from groundup.model.config import ModelConfig
-from groundup.model.lora import LoraConfig, LoRALinear
+from groundup.model.lora import LoRALinear, LoraConfig, apply_lora, load_adapter_state
 
 PREFIX = "base_model.model."
 
 
 def _architecture(model) -> str | None:
-    from groundup.interop.hf_config import choose_architecture
-
     try:
         return choose_architecture(model.cfg, expert_bias_is_zero=all(not m.expert_bias.any() for m in model.moe_layers()))
     except ConfigError:
@@ -42,8 +42,6 @@ def _architecture(model) -> str | None:
 
 
 def _linear_rules(arch: str, cfg: ModelConfig) -> dict[str, object]:
-    from groundup.interop.hf_weights import rules
-
     return {r.ours[0][: -len(".weight")]: r for r in rules(arch, cfg) if len(r.ours) == 1 and r.ours[0].endswith(".weight")}
 
 
@@ -175,7 +173,6 @@ def read_adapter_state(model, adapter_dir: str | Path) -> dict[str, torch.Tensor
 
 def load_adapter(model, adapter_dir: str | Path) -> LoraConfig:
     """Apply and load an adapter directory (ours or peft's) onto `model` in place; returns its config."""
-    from groundup.model.lora import apply_lora, load_adapter_state
 
     adapter_dir = Path(adapter_dir)
     lora, _ = adapter_config(adapter_dir)

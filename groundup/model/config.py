@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from groundup.config import ConfigError, did_you_mean, fail
+from groundup.model.presets import PRESETS
 
 
 # Sane upper bounds, checked before anything is allocated (the largest open models are well inside them).
@@ -131,7 +132,6 @@ class ModelConfig:
         """Expand `preset = NAME` into the preset's values; explicit keys override them."""
         if "preset" not in data:
             return data
-        from groundup.model.presets import PRESETS
 
         name = data.pop("preset")
         if name not in PRESETS:

@@ -39,6 +39,8 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 from groundup.config import fail
+from groundup.errors import CheckpointError
+from groundup.model.moe import MoE
 
 GROUPS = {"attention": ("qkv_proj", "o_proj", "q_proj", "q_down", "q_up", "kv_down", "kv_up"),
           "mlp": ("gate_up_proj", "up_proj", "down_proj")}
@@ -201,19 +203,18 @@ def apply_lora(model: nn.Module, cfg: LoraConfig) -> list[str]:
     """Wrap the targeted layers of a Transformer in place and freeze everything but the adapters.
 
     Returns the names of the adapted modules (experts as `...mlp.experts_in` / `experts_out`)."""
-    from groundup.model.moe import MoE
-
     if not cfg.enabled:
         return []
-    from groundup.quant.modules import QuantLinear  # QLoRA: a quantized layer is wrapped like a float one
-
+    # The layer types the model computes its linear layers with: nn.Linear, and a quantized model's
+    # QuantLinear too (QLoRA: a quantized layer is wrapped like a float one).
+    linear_types = model.linear_types
     wanted = cfg.module_names()
     for p in model.parameters():
         p.requires_grad_(False)
     adapted = []
     for path, module in list(model.named_modules()):
         for child_name, child in list(module.named_children()):
-            if (child_name in wanted and isinstance(child, (nn.Linear, QuantLinear))
+            if (child_name in wanted and isinstance(child, linear_types)
                     and not isinstance(module, LoRALinear)):
                 wrapped = LoRALinear(child, cfg.rank, cfg.scale, cfg.dropout, _fused_parts(child, child_name, model.cfg))
                 setattr(module, child_name, wrapped)
@@ -243,8 +244,6 @@ def load_adapter_state(model: nn.Module, state: dict[str, torch.Tensor], where: 
     own = {_clean(k): k for k in model.state_dict() if "lora_" in k}
     missing, extra = sorted(set(own) - set(state)), sorted(set(state) - set(own))
     if missing or extra:
-        from groundup.errors import CheckpointError
-
         raise CheckpointError(f"{where} does not fit this model's adapters: missing {missing[:3]}, unexpected {extra[:3]}")
     model.load_state_dict({own[k]: v for k, v in state.items()}, strict=False)
 
@@ -271,9 +270,6 @@ def adapters_disabled(model: nn.Module) -> Iterator[nn.Module]:
 def merge_lora(model: nn.Module) -> nn.Module:
     """Fold every adapter into its base weight and remove the wrappers (the model is a plain one again;
     a quantized model is dequantized, see the module docstring)."""
-    from groundup.quant.modules import QuantWeight, dequantize_model
-
-    quantized = any(isinstance(m, QuantWeight) for m in model.modules())
     for module in list(model.modules()):
         for child_name, child in list(module.named_children()):
             if isinstance(child, LoRALinear):
@@ -281,8 +277,7 @@ def merge_lora(model: nn.Module) -> nn.Module:
         if parametrize.is_parametrized(module):
             for pname in list(module.parametrizations.keys()):
                 parametrize.remove_parametrizations(module, pname, leave_parametrized=True)
-    if quantized:
-        dequantize_model(model)
+    model.to_float()  # a quantized model's other layers too: the merged model is an ordinary float one
     for p in model.parameters():
         p.requires_grad_(True)
     return model

@@ -16,6 +16,7 @@ import os
 
 import torch
 
+from groundup.errors import ConfigError
 from groundup.model.config import ModelConfig
 from groundup.model.moe import MoE
 from groundup.model.transformer import Transformer
@@ -105,7 +106,6 @@ def machine_memory(device: torch.device | str = "cpu") -> int:
 def check_fits(cfg: ModelConfig, device: torch.device | str, bytes_per_param: float, what: str,
                shards: int = 1) -> None:
     """Refuse, before allocating, a model whose `what` needs more than the device has in total."""
-    from groundup.errors import ConfigError
 
     need = cfg.approx_params() * bytes_per_param / max(1, shards)
     have = machine_memory(device)

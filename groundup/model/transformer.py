@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from groundup.model.attention import AttnMask, Attention, build_mask
+from groundup.model.attention import Attention, AttnMask, build_mask
 from groundup.model.config import ModelConfig
 from groundup.model.kv_cache import KVCache
 from groundup.model.logprobs import TokenStats, chunked_logprobs, chunked_token_stats
@@ -80,6 +80,9 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
+    # The module types this model's linear layers are (LoRA wraps these; a quantized model adds its own).
+    linear_types: tuple[type[nn.Module], ...] = (nn.Linear,)
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
@@ -143,6 +146,10 @@ class Transformer(nn.Module):
                 owner = module if isinstance(module, (nn.Linear, nn.Embedding)) else p
                 std = residual_std if getattr(owner, "is_residual_proj", False) else cfg.init_std
                 _init_tensor(p, cfg.init, std)
+
+    def to_float(self) -> "Transformer":
+        """This model with every layer in floating point: already so here; a quantized model dequantizes."""
+        return self
 
     def moe_layers(self) -> list[MoE]:
         return [m for m in self.modules() if isinstance(m, MoE)]

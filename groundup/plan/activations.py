@@ -34,6 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from groundup.model.config import ModelConfig
+from groundup.plan.params import block_params
 
 FP32 = 4
 
@@ -195,8 +196,6 @@ def block_saved(cfg: ModelConfig, layer: int, B: int, T: int, num: Numerics, lay
 
 
 def _block_matmul_params(cfg: ModelConfig, layer: int) -> float:
-    from groundup.plan.params import block_params
-
     return block_params(cfg, layer)["matmul"]
 
 

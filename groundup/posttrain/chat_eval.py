@@ -24,8 +24,9 @@ from typing import Sequence
 
 import torch
 
+from groundup.infer import Generator
 from groundup.posttrain.records import Example
-from groundup.posttrain.rewards import extract_answer
+from groundup.rewards.functions import extract_answer
 
 BATCH = 16  # prompts decoded together
 
@@ -44,7 +45,6 @@ def _exact(examples: Sequence, texts: Sequence[str]) -> dict:
 @torch.no_grad()
 def chat_replies(model, tokenizer, examples: Sequence[Example], max_new_tokens: int = 64):
     """Greedy replies (engine outputs) to each example's conversation up to its first learned reply."""
-    from groundup.infer import Generator
 
     gen = Generator(model, tokenizer)
     # A reply gets the room its prompt leaves (up to max_new_tokens). Only a prompt that would leave less
@@ -75,7 +75,6 @@ def chat_metrics(model, tokenizer, examples: Sequence[Example], max_new_tokens: 
 @torch.no_grad()
 def native_math_metrics(model, tokenizer, examples: Sequence[Example], max_new_tokens: int = 64) -> dict:
     """Exact match of a base model asked in the pretraining corpus's format: "Question: Q\\nSolution:"."""
-    from groundup.infer import Generator
 
     asked = [ex for ex in examples if ex.messages and ex.meta.get("answer") is not None]
     if not asked:

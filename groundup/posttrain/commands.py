@@ -130,7 +130,7 @@ def rm(args: argparse.Namespace) -> int:
 def _reward_overrides(section: str, rewards: list[str] | None) -> list[str]:
     import json
 
-    from groundup.posttrain.rewards import parse_reward_args
+    from groundup.rewards.functions import parse_reward_args
 
     if not rewards:
         return []

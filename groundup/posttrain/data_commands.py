@@ -40,8 +40,8 @@ def pairs_arguments(p: argparse.ArgumentParser) -> None:
 def pairs(args: argparse.Namespace) -> int:
     from groundup.errors import ConfigError
     from groundup.infer import Generator
-    from groundup.infer.loading import load_for_inference
-    from groundup.posttrain.rewards import load_rewards, parse_reward_args
+    from groundup.loading import load_for_inference
+    from groundup.rewards.functions import load_rewards, parse_reward_args
     from groundup.posttrain.rollout import read_prompts
     from groundup.posttrain.sampled_data import make_pairs
     from groundup.posttrain.sampling_job import SamplingJob
@@ -86,7 +86,7 @@ def pairs(args: argparse.Namespace) -> int:
 
 def pairs_settings(args: argparse.Namespace) -> dict:
     """What a resumed run must share with the run it continues (the device and chunk size may change)."""
-    from groundup.posttrain.rewards import parse_reward_args
+    from groundup.rewards.functions import parse_reward_args
     from groundup.posttrain.sampling_job import input_settings
 
     return {**input_settings(args.model, args.prompts, *parse_reward_args(args.reward)), "samples": args.samples,

@@ -25,14 +25,15 @@ from pathlib import Path
 import torch
 
 from groundup.errors import DataError
+from groundup.infer import Generator
 from groundup.io import atomic_write_json
 from groundup.layout import DATA_REPORT_FILE
 from groundup.model.logprobs import logprobs
 from groundup.model.lora import apply_lora
 from groundup.posttrain.config import GRPOConfig
-from groundup.posttrain.rewards import load_rewards, score
 from groundup.posttrain.rollout import RolloutBatch, RolloutLoader, policy_temperature, read_prompts
 from groundup.posttrain.run import posttrain_session
+from groundup.rewards.functions import load_rewards, score
 from groundup.train.distributed import unwrap
 from groundup.train.loop import run
 from groundup.train.objective import ObjectiveOutput
@@ -107,8 +108,6 @@ class GRPOObjective:
 
     @torch.no_grad()
     def evaluate(self, state) -> tuple[dict, str]:
-        from groundup.infer import Generator
-
         record = {"step": state.step, "tokens": state.tokens}
         prompts = (self.heldout or [])[: self.cfg.eval_count]
         if not prompts or state.dist.strategy == "fsdp":

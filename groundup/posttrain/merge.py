@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from groundup.infer.loading import load_for_inference, resolve_dtype
-from groundup.io import check_out_dir
-from groundup.io import atomic_dir
+from groundup.device import resolve_dtype
+from groundup.io import atomic_dir, check_out_dir
 from groundup.layout import TOKENIZER_DIR
-from groundup.model.io import save_model
+from groundup.loading import load_for_inference
+from groundup.model.model_dir import save_model
 
 
 def merge_adapter(adapter: str | Path, out: str | Path, base: str | Path | None = None, dtype: str | None = None,

@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from groundup.data.hashing import document_score
 from groundup.data.readers import ReadStats, iter_records
 from groundup.posttrain.records import BadRecord, parse_messages
 
@@ -150,7 +151,6 @@ def read_feedback(paths, tok, max_len: int) -> tuple[list[Feedback], PairsReport
 
 def split_heldout(items: list, fraction: float, seed: int) -> tuple[list, list]:
     """(train, held out): records marked split = "heldout" are held out; otherwise a hash of the prompt decides."""
-    from groundup.data.hashing import document_score
 
     marked = any("split" in x.meta for x in items)
     train, held = [], []

@@ -23,8 +23,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from groundup.errors import CheckpointError, DataError
 from groundup.model.logprobs import logprobs
 from groundup.model.loss import IGNORE_INDEX
+from groundup.rewards.model_scorer import full_rows
 from groundup.train.objective import ObjectiveOutput
 
 
@@ -57,8 +59,6 @@ class PreferenceLoader:
 
     def __init__(self, items: list, kind: str, batch_size: int, pad_id: int, seed: int = 0, rank: int = 0,
                  world_size: int = 1):
-        from groundup.errors import DataError
-
         if not items:
             raise DataError(f"no usable {kind} examples (see the skipped records above)")
         self.items, self.kind, self.batch_size, self.pad_id = items, kind, batch_size, pad_id
@@ -87,8 +87,6 @@ class PreferenceLoader:
                 "seed": self.seed, "batch_size": self.batch_size}
 
     def load_state_dict(self, state: dict) -> None:
-        from groundup.errors import CheckpointError
-
         for key, value in (("items", len(self.items)), ("seed", self.seed), ("batch_size", self.batch_size)):
             if state.get(key) != value:
                 raise CheckpointError(f"cannot resume the {self.kind} data: {key} is {value}, the checkpoint's "
@@ -102,14 +100,6 @@ def kl_partner(items: list, i: int, chunk: int) -> int:
     start = (i // chunk) * chunk
     end = min(start + chunk, len(items))
     return end - 1 if i == start else i - 1
-
-
-def full_rows(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(whole rows right-padded, the position of each row's last token): what a reward model reads."""
-    x = torch.full((len(seqs), max(len(s) for s in seqs)), pad_id, dtype=torch.long)
-    for i, s in enumerate(seqs):
-        x[i, : len(s)] = torch.tensor(s)
-    return x, torch.tensor([len(s) - 1 for s in seqs])
 
 
 def make_batch(items: list, kind: str, pad_id: int, all_items: list, chunk: int | None = None) -> PrefBatch:

@@ -8,8 +8,8 @@ pairs with the Bradley-Terry loss, and its use as a reward (GRPO, best-of-n samp
 
 The model starts from `cfg.base` (an SFT model, usually) with a freshly initialised head; its
 checkpoints are ordinary model directories whose config has `value_head = true`.
-`RewardModelScorer(path)` scores (prompt, completion) texts with it, rendered as a chat turn; the
-reward name `rm:PATH` uses it wherever rewards are accepted.
+groundup/rewards/model_scorer.py scores (prompt, completion) texts with it, rendered as a chat turn;
+the reward name `rm:PATH` uses it wherever rewards are accepted.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from groundup.model.loss import IGNORE_INDEX
 from groundup.model.transformer import Transformer
 from groundup.posttrain.config import RMConfig
 from groundup.posttrain.pairs import read_pairs, split_heldout
-from groundup.posttrain.preference import PrefBatch, PreferenceLoader, full_rows
+from groundup.posttrain.preference import PrefBatch, PreferenceLoader, make_batch
 from groundup.posttrain.run import posttrain_session
 from groundup.train.loop import run
 from groundup.train.objective import ObjectiveOutput
@@ -73,8 +73,6 @@ class RewardObjective:
 
     @torch.no_grad()
     def evaluate(self, state) -> tuple[dict, str]:
-        from groundup.posttrain.preference import make_batch
-
         record = {"step": state.step, "tokens": state.tokens}
         if not self.heldout:
             return record, f"step {state.step}: no held-out pairs"
@@ -132,26 +130,3 @@ def rm(cfg: RMConfig, out_dir: str | Path, resume: bool = False) -> dict:
         if d.is_main and not resume:
             atomic_write_json(out / DATA_REPORT_FILE, {**report.to_dict(), "train": len(train), "heldout": len(held)})
         return run(state, resume=resume, changes=s.changes, stop=s.stop, began=s.began)
-
-
-class RewardModelScorer:
-    """`scorer(prompt, completion, messages=None) -> float`: a trained reward model's score of one chat
-    turn; with `messages` (the prompt's conversation, system message included) it reads them, as it
-    was trained, rather than the user's last message alone."""
-
-    wants_messages = True  # `rewards.score` passes a chat prompt's conversation
-
-    def __init__(self, path: str | Path, device: str = "cpu"):
-        from groundup.infer.loading import load_for_inference
-
-        self.model, self.tok = load_for_inference(path, device=device)
-        if self.model.value_head is None:
-            raise DataError(f"{path}: not a reward model (its config has no value head); train one with 'groundup rm'")
-        self.device = device
-
-    @torch.no_grad()
-    def __call__(self, prompt: str, completion: str, messages: list[dict] | None = None, **_) -> float:
-        conversation = list(messages or [{"role": "user", "content": prompt}])
-        full, _ = self.tok.render_chat(conversation + [{"role": "assistant", "content": completion}])
-        x, last = full_rows([full], self.tok.eot_id)
-        return float(self.model(x.to(self.device), score="reward", reward_index=last.to(self.device)).rewards[0])

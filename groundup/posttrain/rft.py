@@ -19,15 +19,15 @@ from pathlib import Path
 
 from groundup.errors import DataError
 from groundup.infer import Generator
-from groundup.infer.loading import load_for_inference
 from groundup.io import atomic_write_json, ensure_writable_dir, read_json
 from groundup.layout import SUMMARY_FILE, is_run_dir
+from groundup.loading import load_for_inference
 from groundup.posttrain.config import RFTConfig
-from groundup.posttrain.rewards import load_rewards, score
 from groundup.posttrain.rollout import read_prompts
 from groundup.posttrain.sampled_data import best_completions
 from groundup.posttrain.sampling_job import SamplingJob, input_settings
 from groundup.posttrain.sft import sft
+from groundup.rewards.functions import load_rewards, score
 
 ROUNDS_FILE = "rounds.json"
 SAMPLE_ROWS = 32  # completions sampled together

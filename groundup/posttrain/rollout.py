@@ -28,12 +28,13 @@ import numpy as np
 import torch
 
 from groundup.data.readers import ReadStats, iter_records
+from groundup.errors import CheckpointError, DataError
 from groundup.infer import Generator
 from groundup.model.logprobs import logprobs
 from groundup.model.lora import adapters_disabled
 from groundup.model.loss import IGNORE_INDEX
 from groundup.posttrain.records import BadRecord, parse_messages
-from groundup.posttrain.rewards import score
+from groundup.rewards.functions import score
 
 
 def policy_temperature(cfg) -> float:
@@ -119,8 +120,6 @@ class RolloutBatch:
 class RolloutLoader:
     def __init__(self, prompts: list[Prompt], cfg, rewards, tok, seed: int = 0, rank: int = 0, world_size: int = 1,
                  accum: int = 1):
-        from groundup.errors import DataError
-
         if not prompts:
             raise DataError("no usable GRPO prompts (see the skipped records above)")
         self.prompts, self.cfg, self.rewards, self.tok = prompts, cfg, rewards, tok
@@ -239,8 +238,6 @@ class RolloutLoader:
         return state
 
     def load_state_dict(self, state: dict) -> None:
-        from groundup.errors import CheckpointError
-
         if state.get("prompts") != len(self.prompts) or state.get("seed") != self.seed:
             raise CheckpointError("cannot resume the GRPO prompts: the prompt files or the seed changed")
         self.epoch, self.position = int(state["epoch"]), int(state["position"])

@@ -23,8 +23,12 @@ from typing import Any, Iterator
 
 from groundup.config import ConfigError, load_config, save_config
 from groundup.errors import CheckpointError, DataError
+from groundup.interop.peft_format import adapter_config
 from groundup.io import atomic_dir, writer_lock
 from groundup.layout import LOCK_FILE, RUN_CONFIG_FILE, TOKENIZER_DIR, is_adapter_dir, is_run_dir, resolve_model_dir
+from groundup.loading import load_for_inference
+from groundup.quant.modules import QuantWeight
+from groundup.quant.quantized_dir import is_quantized, read_quant_spec
 from groundup.train.config import check_compatible, resume_differences
 from groundup.train.loop import training_session
 from groundup.train.metrics import check_trackers
@@ -60,10 +64,6 @@ def load_base(cfg, note=print):
     A quantized base (`groundup quantize` output) stays quantized (QLoRA): its integer weights are
     frozen, so only LoRA can train on it; full fine-tuning is refused. A LoRA run whose base is
     quantized is merged into the dequantized base (see model/lora.py): training goes on in full precision."""
-    from groundup.infer.loading import load_for_inference
-    from groundup.interop.peft_format import adapter_config
-    from groundup.quant.io import is_quantized, read_quant_spec
-    from groundup.quant.modules import QuantWeight
 
     if not cfg.base:
         raise ConfigError("base is not set: pass --base MODEL (a model directory, a run, an imported model)", key="base")

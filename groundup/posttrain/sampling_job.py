@@ -26,8 +26,10 @@ import math
 import os
 from pathlib import Path
 
+from groundup.data.tasks import input_fingerprint
 from groundup.errors import DataError
 from groundup.io import atomic_write_json, read_json, writer_lock
+from groundup.layout import resolve_model_dir
 
 PROGRESS_VERSION = 1
 MAX_FAILURE_EXAMPLES = 20  # reward failures kept verbatim in the record (all of them are counted)
@@ -36,8 +38,6 @@ MAX_FAILURE_EXAMPLES = 20  # reward failures kept verbatim in the record (all of
 def input_settings(model: str | Path, prompts, rewards: list[str], weights: list[float]) -> dict:
     """The inputs a resumed job must share with the one it continues: the model's and prompt files'
     fingerprints (path, size, modification time) and the rewards with their weights."""
-    from groundup.data.tasks import input_fingerprint
-    from groundup.layout import resolve_model_dir
 
     return {"model": input_fingerprint([resolve_model_dir(model, note=lambda _: None)])[0],
             "prompts": input_fingerprint([Path(f) for f in prompts]), "rewards": list(rewards),

@@ -28,6 +28,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from groundup.errors import CheckpointError, DataError
 from groundup.model.loss import IGNORE_INDEX
 from groundup.posttrain.records import Example
 
@@ -154,8 +155,6 @@ class SFTLoader:
     def __init__(self, rows: list[Row], batch_size: int, pad_id: int, *, seed: int = 0, rank: int = 0,
                  world_size: int = 1, replay=None, replay_rows: int = 0):
         if not rows:
-            from groundup.errors import DataError
-
             raise DataError("no fine-tuning example fits: every one was dropped (longer than train.seq_len) or "
                             "has no learned token")
         self.rows, self.pad_id, self.seed = rows, pad_id, seed
@@ -210,8 +209,6 @@ class SFTLoader:
         return state
 
     def load_state_dict(self, state: dict) -> None:
-        from groundup.errors import CheckpointError
-
         mine = {"rows": len(self.rows), "seed": self.seed, "batch_size": self.batch_size}
         for key, value in mine.items():
             if state.get(key) != value:

@@ -13,13 +13,13 @@ io.py         quantized model directories; spec.py their [quantization] table
 commands.py   `groundup quantize`
 """
 
-from groundup.quant.io import is_quantized, load_quantized_model, read_quant_spec, save_quantized_model
 from groundup.quant.kernels import get_kernel_backend, set_kernel_backend
-from groundup.quant.modules import (QuantEmbedding, QuantizedTransformer, QuantLinear, QuantMoE, QuantWeight,
+from groundup.quant.modules import (QuantEmbedding, QuantLinear, QuantMoE, QuantWeight, QuantizedTransformer,
                                     dequantize_model)
 from groundup.quant.quantize import quantize_model
-from groundup.quant.units import LayerReport, QuantizeReport
+from groundup.quant.quantized_dir import is_quantized, load_quantized_model, read_quant_spec, save_quantized_model
 from groundup.quant.spec import METHODS, QuantSpec
+from groundup.quant.units import LayerReport, QuantizeReport
 
 __all__ = ["LayerReport", "METHODS", "QuantEmbedding", "QuantLinear", "QuantMoE", "QuantSpec", "QuantWeight",
            "QuantizeReport", "QuantizedTransformer", "dequantize_model", "get_kernel_backend", "is_quantized",

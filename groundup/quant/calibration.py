@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from groundup.config import ConfigError
+from groundup.corpus import iter_corpus
+from groundup.data import iter_records
 from groundup.errors import DataError
 
 DEFAULT_TOKENS = 16384
@@ -25,7 +27,6 @@ EMBEDDED = "the embedded corpus"
 
 def embedded_records() -> Iterator[dict]:
     """The embedded corpus' domains interleaved, one record (a chunk of 2,000 characters) of each in turn."""
-    from groundup.corpus import iter_corpus
 
     streams = [iter_corpus([domain], chunk_chars=2000, math_count=2000) for domain in ("text", "code", "math")]
     while streams:
@@ -41,7 +42,6 @@ def calibration_rows(paths: Sequence[str | Path] | None, tokenizer, n_tokens: in
                      seq_len: int = DEFAULT_SEQ_LEN, min_tokens: int = MIN_TOKENS) -> list[list[int]]:
     """Rows of at most `seq_len` token ids, `n_tokens` in all (no `paths`: the embedded corpus);
     DataError when the text has fewer than `min_tokens`."""
-    from groundup.data import iter_records
 
     if n_tokens < min_tokens:
         raise ConfigError(f"--calibration-tokens {n_tokens}: GPTQ needs at least {min_tokens} calibration tokens",

@@ -60,13 +60,13 @@ def quantize(args: argparse.Namespace) -> int:
 
     from groundup.config import ConfigError
     from groundup.errors import CheckpointError
-    from groundup.infer.loading import resolve_device
+    from groundup.device import resolve_device
     from groundup.io import check_out_dir
     from groundup.io import atomic_dir
     from groundup.layout import TOKENIZER_DIR, find_tokenizer_dir, resolve_model_dir
-    from groundup.model.io import load_model
+    from groundup.model.model_dir import load_float_model
     from groundup.quant.calibration import calibration_rows
-    from groundup.quant.io import is_quantized, read_quant_spec, save_quantized_model
+    from groundup.quant.quantized_dir import is_quantized, read_quant_spec, save_quantized_model
     from groundup.quant.quantize import quantize_model
     from groundup.quant.spec import QuantSpec
 
@@ -89,7 +89,7 @@ def quantize(args: argparse.Namespace) -> int:
         raise CheckpointError(f"{model_dir}: no tokenizer beside the checkpoint to encode the calibration text with; "
                               "pass --tokenizer DIR")
 
-    model = load_model(model_dir, device)
+    model = load_float_model(model_dir, device)
     rows = None
     if spec.method == "gptq":
         tokenizer = _load_tokenizer(tok_dir)

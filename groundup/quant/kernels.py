@@ -46,6 +46,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from groundup.config import ConfigError, did_you_mean
+from groundup.quant import native
 from groundup.quant.formats import dequantize_int4, dequantize_int8, unpack_int4
 
 BACKENDS = ("auto", "native", "compiled", "packed", "dequant")
@@ -62,8 +64,6 @@ def set_kernel_backend(name: str) -> str:
     """Choose the backend for every quantized matmul in this process; returns the previous one."""
     global _backend
     if name not in BACKENDS:
-        from groundup.config import ConfigError, did_you_mean
-
         raise ConfigError(f"kernel backend {name!r} is unknown{did_you_mean(name, BACKENDS)}; "
                           f"expected one of {', '.join(BACKENDS)}", key="kernel")
     previous, _backend = _backend, name
@@ -264,7 +264,6 @@ def _try_packed(fn: Callable, what: str, *args):
 
 def _native_ready(build: bool = True) -> bool:
     """Whether the native kernels are loaded; builds them on first use, never while torch.compile traces."""
-    from groundup.quant import native
 
     if native.ready() or not build or torch.compiler.is_compiling():
         return native.ready()

@@ -29,8 +29,7 @@ from torch import nn
 from groundup.model.moe import MoE, moe_forward
 from groundup.model.transformer import Transformer
 from groundup.quant import kernels
-from groundup.quant.formats import (dequantize_int4, dequantize_int8, pack_int4, quantize_int4,
-                                    quantize_int8)
+from groundup.quant.formats import dequantize_int4, dequantize_int8, pack_int4, quantize_int4, quantize_int8
 
 
 class QuantWeight(nn.Module):
@@ -286,6 +285,12 @@ class QuantizedTransformer(Transformer):
 
     Only the output layer differs from Transformer: when it is quantized, logits come from the
     quantized matmul rather than F.linear over a dequantized copy."""
+
+    linear_types = (nn.Linear, QuantLinear)  # QLoRA: LoRA wraps a quantized linear layer like a float one
+
+    def to_float(self) -> Transformer:
+        """Dequantize in place (dequantize_model): the model becomes a plain Transformer."""
+        return dequantize_model(self)
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         head = self.embed if self.lm_head is None else self.lm_head

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from pathlib import Path
+from groundup.model.model_dir import load_model_config
+from groundup.model.sizing import model_summary
 
 
 def markdown_table(header: list[str], rows: list[list]) -> list[str]:
@@ -106,9 +108,6 @@ def tokenizer_section(meta: dict | None, shards: dict | None) -> list[str]:
 
 
 def model_section(model_dir: Path) -> list[str]:
-    from groundup.model.io import load_model_config
-    from groundup.model.sizing import model_summary
-
     cfg = load_model_config(model_dir)
     s = model_summary(cfg)
     attn = "MLA" if cfg.attention == "mla" else f"{cfg.n_heads} heads / {cfg.kv_heads} KV heads"

@@ -31,6 +31,8 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 from groundup.errors import CheckpointError
+from groundup.interop.peft_format import load_adapter
+from groundup.layout import is_adapter_dir, resolve_model_dir
 from groundup.model.lora import LoRALinear
 
 
@@ -110,8 +112,6 @@ class AdapterBank:
     def add(self, name: str, adapter_dir: str | Path) -> int:
         """Load an adapter (its directory, or a LoRA training run) and make it selectable as `name`;
         returns its index."""
-        from groundup.interop.peft_format import load_adapter
-        from groundup.layout import is_adapter_dir, resolve_model_dir
 
         if name in self.names:
             raise CheckpointError(f"adapter name {name!r} is given twice")

@@ -66,7 +66,7 @@ def parse_adapters(specs: list[str]) -> dict[str, str]:
 def build_server(args: argparse.Namespace):
     import torch
 
-    from groundup.infer.loading import load_for_inference
+    from groundup.loading import load_for_inference
     from groundup.serve.server import Limits, Server
 
     if args.threads is not None:

@@ -20,6 +20,7 @@ import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from groundup.config import did_you_mean
 
 
 class APIError(Exception):
@@ -192,8 +193,6 @@ def _error_from(e: ValidationError, model_cls: type[BaseModel]) -> APIError:
     param = ".".join(loc) or None
     message = err["msg"].removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":
-        from groundup.config import did_you_mean
-
         fields = model_cls.model_fields if len(loc) == 1 else {}
         return APIError(400, f"Unrecognized request argument supplied: {loc[-1]}{did_you_mean(loc[-1], fields)}",
                         param=param, code="unknown_parameter")

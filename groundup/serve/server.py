@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from groundup.config import did_you_mean
 from groundup.errors import ConfigError
 from groundup.serve.adapters import AdapterBank
 from groundup.serve.metrics import Metrics
@@ -82,7 +83,6 @@ class Server:
             return self.name, 0
         if model in self.bank.names:
             return model, self.bank.index(model)
-        from groundup.config import did_you_mean
 
         raise APIError(404, f"The model `{model}` does not exist{did_you_mean(model, self.model_names())}; "
                             f"served: {', '.join(self.model_names())}", param="model", code="model_not_found")

@@ -16,6 +16,8 @@ from pathlib import Path
 from groundup.errors import DataError
 from groundup.layout import TOKENIZER_FILE, TOKENIZER_META_FILE
 from groundup.tokenizer.base import BaseTokenizer
+from groundup.tokenizer.hf_tokenizer import HFTokenizer
+from groundup.tokenizer.tokenizer import Tokenizer
 
 
 def load_tokenizer(path: str | os.PathLike) -> BaseTokenizer:
@@ -25,9 +27,6 @@ def load_tokenizer(path: str | os.PathLike) -> BaseTokenizer:
         raise DataError(f"{path}: tokenizer not found (expected a directory holding {TOKENIZER_FILE}, made by "
                         "'groundup tokenizer train', or a Hugging Face model directory)")
     if (directory / TOKENIZER_META_FILE).is_file():
-        from groundup.tokenizer.tokenizer import Tokenizer
-
         return Tokenizer.load(path)
-    from groundup.tokenizer.hf_tokenizer import HFTokenizer
 
     return HFTokenizer.load(path)

@@ -45,9 +45,12 @@ import numpy as np
 
 from groundup.config import fail
 from groundup.data.hashing import document_score
+from groundup.data.readers import ReadStats, check_inputs
 from groundup.errors import DataError
 from groundup.io import atomic_write_json, ensure_writable_dir, read_json, writer_lock
+from groundup.ray_cluster import ray_session
 from groundup.schema import check, relative_file
+from groundup.tokenizer import BaseTokenizer, load_tokenizer
 from groundup.tokens.ray_tokenize import discard_work, encode_on_ray
 from groundup.tokens.writer import INDEX_FILE, SPLITS, encode_here, remove_stale, write_splits
 
@@ -100,8 +103,6 @@ def tokenize_to_shards(inputs: list[str | Path], tokenizer, out: str | Path, cfg
 
     `executor="ray"` encodes one Ray task per input file on the cluster at `address` (None: a Ray
     instance started here) and writes the same files (tokens/ray_tokenize.py)."""
-    from groundup.data.readers import ReadStats, check_inputs
-    from groundup.tokenizer import BaseTokenizer, load_tokenizer
 
     cfg = cfg or TokenizeConfig()
     cfg.validate()
@@ -121,7 +122,6 @@ def tokenize_to_shards(inputs: list[str | Path], tokenizer, out: str | Path, cfg
     stats, skipped = ReadStats(), collections.Counter()
     with contextlib.ExitStack() as stack:
         if executor == "ray":  # connect first: a wrong --address leaves nothing behind
-            from groundup.ray_cluster import ray_session
 
             stack.enter_context(ray_session(address))
         out = ensure_writable_dir(out)
@@ -240,8 +240,6 @@ def document_ids(files: list[ShardFile], docs: list[int]) -> list[str]:
 def shards_tokenizer(shard_dir: Path, index: dict):
     """The tokenizer the shards' index names (as given, or relative to the shards), if it is found and
     its hash is the one the shards were made with; else None."""
-    from groundup.errors import DataError
-    from groundup.tokenizer import load_tokenizer
 
     named = index.get("tokenizer")
     for path in ([Path(named), Path(shard_dir) / named] if named else []):

@@ -22,8 +22,10 @@ import numpy as np
 
 from groundup.data.hashing import record_score, split_score as _score
 from groundup.data.output import record_field
+from groundup.data.readers import iter_records
 from groundup.errors import DataError
 from groundup.io import atomic_open
+from groundup.tokenizer.parallel import map_batches
 
 if TYPE_CHECKING:
     from groundup.tokens.shards import TokenizeConfig
@@ -234,9 +236,6 @@ def encode_here(inputs, tok, cfg: TokenizeConfig, dtype: np.dtype, stats, skippe
                  progress: bool) -> Iterator[tuple]:
     """Encoded batches (tokens, lengths, bytes, scores, metas) in input order, from processes on this machine."""
     from tqdm import tqdm
-
-    from groundup.data.readers import iter_records
-    from groundup.tokenizer.parallel import map_batches
 
     metas: collections.deque = collections.deque()
     encode = functools.partial(encode_documents, seed=cfg.seed, dtype=dtype.str)

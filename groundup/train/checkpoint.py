@@ -1,7 +1,7 @@
 """Checkpoints: written whole or not at all, verified on resume, rotated.
 
     RUN/checkpoints/step_0001000/
-        model.safetensors  model.toml    a model directory: groundup.model.io.load_model(it) works
+        model.safetensors  model.toml    a model directory: groundup.model.model_dir.load_model(it) works
         optimizer.pt                     optimizer state keyed by parameter name (any layout loads it)
         loader.pt                        each process's data-loader position
         trainer.pt                       step, schedule, spike-guard history, RNG states, counters
@@ -36,7 +36,9 @@ from groundup.io import atomic_dir, atomic_write_json, atomic_write_text
 from groundup.layout import (ADAPTER_WEIGHTS_FILE, CHECKPOINT_FORMAT, CHECKPOINT_META_FILE, WEIGHTS_FILE,
                              checkpoints_dir, file_digest, latest_pointer, list_checkpoints, read_checkpoint_meta,
                              read_latest, step_name)
-from groundup.model.io import build_from_state, load_state, save_model
+from groundup.model.model_dir import build_from_state, load_state, save_model
+
+GROUPS_FILE = "optimizer_groups.pt"  # sharded checkpoints: the optimizer's param groups (dcp.py)
 
 
 def _save_pt(obj, path: Path) -> None:
@@ -70,7 +72,6 @@ def finish_sharded(tmp: Path, step: int, cfg, model_state: dict, optimizer_group
                    trainer_state: dict, meta: dict, digests: dict[str, str]) -> None:
     """The main process's part of a sharded checkpoint, once every process's shards are in `tmp`:
     the consolidated model directory, the small files, and meta.json (the caller renames and points)."""
-    from groundup.train.dcp import GROUPS_FILE
 
     save_model(build_from_state(cfg.model, model_state), tmp)
     _save_pt(optimizer_groups, tmp / GROUPS_FILE)

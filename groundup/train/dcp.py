@@ -45,10 +45,12 @@ from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
 from groundup.errors import CheckpointError
-from groundup.layout import checkpoints_dir, file_digest, step_name
+from groundup.io import atomic_write_text
+from groundup.layout import checkpoints_dir, file_digest, latest_pointer, step_name
+from groundup.train.checkpoint import GROUPS_FILE, load_plain_pickle
+from groundup.train.parallelize import fuse_param_groups, fuse_state, split_names
 
 MODEL, OPTIM = "model/", "optim/"
-GROUPS_FILE = "optimizer_groups.pt"
 FORMAT = "torch.distributed.checkpoint"
 
 # ----------------------------------------------------------------------------- reading without running code
@@ -229,8 +231,6 @@ def _complete(job: _Write, d) -> None:
 
 def _publish(tmp: Path, final: Path) -> None:
     """Rename the finished directory into place (replacing a same-step one only now) and point `latest` at it."""
-    from groundup.io import atomic_write_text
-    from groundup.layout import latest_pointer
 
     if final.exists():
         old = final.with_name(f".{final.name}.old-{os.getpid()}")
@@ -290,9 +290,6 @@ def restore(d, model, optimizers, step_dir: Path, meta: dict, full_loaders) -> N
     this run's layout, for the case where its shards do not match the checkpoint's."""
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
-    from groundup.train.checkpoint import load_plain_pickle
-    from groundup.train.parallelize import fuse_param_groups, fuse_state
-
     settle(d)
     groups = load_plain_pickle(step_dir / GROUPS_FILE)
     saved = {k: tuple(m.size) for k, m in SafeReader(step_dir).read_metadata().state_dict_metadata.items()}
@@ -317,7 +314,6 @@ def restore(d, model, optimizers, step_dir: Path, meta: dict, full_loaders) -> N
 
 def consolidate(step_dir: Path, splits: dict) -> dict[str, torch.Tensor]:
     """The whole model's state from the shards, under the plain model's names (main process, no collectives)."""
-    from groundup.train.parallelize import fuse_state
 
     model_state, _ = _unflatten(read_full(step_dir, MODEL))
     return fuse_state(model_state, splits)
@@ -325,7 +321,6 @@ def consolidate(step_dir: Path, splits: dict) -> dict[str, torch.Tensor]:
 
 def describe(d, model) -> dict:
     """What meta.json records about a sharded checkpoint's layout."""
-    from groundup.train.parallelize import split_names
 
     return {"format": FORMAT, "processes": d.processes, "tp": d.tp,
             "split_projections": {k: [list(n), list(s)] for k, (n, s) in split_names(model).items()}}

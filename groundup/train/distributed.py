@@ -34,6 +34,7 @@ from torch import nn
 
 from groundup.errors import ConfigError
 from groundup.train.config import TrainConfig
+from groundup.train.dcp import wait_pending
 from groundup.train.parallelize import (check_tp, fuse_param_groups, fuse_state, split_names, split_param_groups,
                                         split_state, tensor_parallel)
 
@@ -132,7 +133,6 @@ class Dist:
 
     def close(self) -> None:
         """Finish checkpoints still being written (a background write must not outlive the group), then leave."""
-        from groundup.train.dcp import wait_pending
 
         wait_pending(self, raise_errors=False)
         if self.active and dist.is_initialized():

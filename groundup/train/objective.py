@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
+from groundup.eval.perplexity import evaluate
 from groundup.tokens.loader import IGNORE_INDEX
 from groundup.train.stability import gate_batch
 
@@ -75,8 +76,6 @@ class NextTokenObjective:
         return ObjectiveOutput(out.loss, {"loss": out.ce_loss, "z_loss": out.z_loss})
 
     def evaluate(self, state: "TrainState") -> tuple[dict, str]:
-        from groundup.eval.perplexity import evaluate
-
         cfg, d = self.cfg, state.dist
         result = evaluate(state.model, cfg.data.shards, "val", seq_len=cfg.train.seq_len,
                           batch_size=cfg.eval.batch_size or cfg.train.batch_size,

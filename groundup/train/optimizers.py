@@ -18,6 +18,7 @@ from torch import nn
 
 from groundup.errors import ConfigError
 from groundup.train.config import OptimConfig
+from groundup.train.precision import Bf16ViaFp32, cpu_has_native_bf16
 
 
 class Lion(torch.optim.Optimizer):
@@ -91,8 +92,6 @@ if hasattr(torch.optim, "Muon"):
         instructions those matmuls run as fp32 arithmetic on the bf16 values (same numbers, ~30x faster)."""
 
         def step(self, closure=None):
-            from groundup.train.precision import Bf16ViaFp32, cpu_has_native_bf16
-
             on_cpu = all(p.device.type == "cpu" for g in self.param_groups for p in g["params"])
             if on_cpu and not cpu_has_native_bf16():
                 with Bf16ViaFp32():

@@ -29,9 +29,10 @@ import string
 from pathlib import Path
 from typing import Any
 
+from groundup.benchmarks.base import GenItem, Task, Template, build_context, lm_task, mc_item
+from groundup.benchmarks.builtin import ALIASES, FACTORIES, GROUPS
 from groundup.config import did_you_mean, read_toml
 from groundup.errors import ConfigError, DataError
-from groundup.eval.tasks.base import GenItem, Task, Template, build_context, lm_task, mc_item
 
 KINDS = ("multiple_choice", "generate")
 # key -> (accepted types, description for the error message)
@@ -99,7 +100,6 @@ def _read_config(path: Path) -> dict:
     for key in needed:
         if key not in cfg:
             raise ConfigError(f"{path}: missing key '{key}' ({KEYS[key][1]}), needed by a {kind} task", key=key)
-    from groundup.eval.tasks.registry import ALIASES, FACTORIES, GROUPS
 
     if not cfg["name"].strip() or "," in cfg["name"]:
         raise ConfigError(f"{path}: name = {cfg['name']!r}: expected a non-empty name without commas", key="name")

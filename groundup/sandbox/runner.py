@@ -9,7 +9,7 @@ network namespace, which also catches children that escaped the group with setsi
 program runs as the unprivileged user `nobody`, so it cannot touch root's files and RLIMIT_NPROC
 holds (the kernel exempts root from it).
 
-    from groundup.eval.sandbox import run_program, check_completion, default_python, pass_at_k
+    from groundup.sandbox import run_program, check_completion, default_python
     run_program("print(1 + 1)").stdout                   # '2\\n'
     run_program(source, python=default_python())         # sys.executable, or a system python3 nobody can run
     check_completion(prompt, completion, test, entry_point="add").status   # 'passed' or 'failed'
@@ -56,7 +56,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache
 
-import numpy as np
 
 from groundup.errors import ConfigError
 
@@ -434,14 +433,3 @@ def check_completion(prompt: str, completion: str, test: str, entry_point: str |
     if entry_point is not None:
         program += "\n" + f"check({entry_point})"
     return run_program(program, **limits)
-
-
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k from n samples with c correct (Chen et al. 2021): 1 - C(n-c, k) / C(n, k)."""
-    if k > n:
-        raise ValueError(f"pass_at_k: k = {k} exceeds the number of samples n = {n}")
-    if k < 1 or c < 0 or c > n:
-        raise ValueError(f"pass_at_k: need 1 <= k <= n and 0 <= c <= n, got n={n}, c={c}, k={k}")
-    if n - c < k:
-        return 1.0
-    return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))

@@ -5,7 +5,7 @@
     extract_flexible(output)    # lm-eval's "flexible-extract" filter: the last number in the text
     exact_match(extract_flexible(output), item.target)   # gsm8k_cot's exact_match options
 
-Prompts follow lm_eval/tasks/gsm8k/gsm8k-cot.yaml (8 fixed examples, sampler first_n, "Q: ...\\nA:",
+Prompts follow lm_benchmarks/gsm8k/gsm8k-cot.yaml (8 fixed examples, sampler first_n, "Q: ...\\nA:",
 until ["Q:", "</s>", "<|im_end|>"]), humaneval/humaneval.yaml (the prompt is the signature and
 docstring; lm-eval runs `prompt + completion` followed by `tests`, which end in
 `check(entry_point)`) and mbpp/mbpp.yaml (3 fixed examples, target_delimiter "", until
@@ -19,8 +19,8 @@ from __future__ import annotations
 import functools
 import re
 
-from groundup.eval.tasks.base import GenItem, Task, Template, build_context, lm_task
-from groundup.eval.tasks.data import oe_file, read_oe_docs
+from groundup.benchmarks.base import GenItem, Task, Template, build_context, lm_task
+from groundup.benchmarks.data import oe_file, read_oe_docs
 
 # ----------------------------------------------------------------------------- answer extraction
 

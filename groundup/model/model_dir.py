@@ -19,11 +19,10 @@ from safetensors.torch import load_file, save
 from groundup.config import from_dict, read_toml, save_config
 from groundup.errors import CheckpointError
 from groundup.io import atomic_open
-from groundup.layout import MODEL_CONFIG_FILE, WEIGHTS_FILE
+from groundup.layout import MODEL_CONFIG_FILE, QUANTIZATION_TABLE, WEIGHTS_FILE
 from groundup.model.config import ModelConfig
 from groundup.model.sizing import check_fits
 from groundup.model.transformer import Transformer
-
 
 
 def save_weights(model: Transformer, path: str | Path, metadata: dict | None = None) -> None:
@@ -47,7 +46,11 @@ def load_model_config(model_dir: str | Path) -> ModelConfig:
     path = Path(model_dir) / MODEL_CONFIG_FILE
     if not path.is_file():
         raise CheckpointError(f"{model_dir}: no {MODEL_CONFIG_FILE} (not a groundup model directory)")
-    return from_dict(ModelConfig, read_toml(path))
+    data = read_toml(path)
+    if QUANTIZATION_TABLE in data:
+        raise CheckpointError(f"{path}: a quantized model (its [{QUANTIZATION_TABLE}] table); load it with "
+                              "groundup.quant.load.load_model")
+    return from_dict(ModelConfig, data)
 
 
 def load_state(path: str | Path, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
@@ -75,15 +78,11 @@ def build_from_state(cfg: ModelConfig, state: dict[str, torch.Tensor], device: s
     return model
 
 
-def load_model(model_dir: str | Path, device: str | torch.device = "cpu",
-               dtype: torch.dtype | None = None) -> Transformer:
-    """A model directory's model; a quantized one (its model.toml has a [quantization] table) comes back
-    with its quantized layers, ready for generate, chat, eval and serve."""
-    from groundup.quant.io import is_quantized, load_quantized_model  # quant builds on this module's model
-
+def load_float_model(model_dir: str | Path, device: str | torch.device = "cpu",
+                     dtype: torch.dtype | None = None) -> Transformer:
+    """A full-precision model directory's model. A quantized directory is refused by `load_model_config`:
+    `groundup.quant.load.load_model` is the load site that takes either kind."""
     model_dir = Path(model_dir)
-    if is_quantized(model_dir):
-        return load_quantized_model(model_dir, device, dtype)
     cfg = load_model_config(model_dir)
     check_fits(cfg, device, torch.finfo(dtype).bits // 8 if dtype is not None else 4, "its weights")
     state = load_state(model_dir / WEIGHTS_FILE, device)

@@ -13,35 +13,14 @@ from pathlib import Path
 import torch
 
 from groundup.config import ConfigError
+from groundup.device import resolve_device, resolve_dtype
 from groundup.errors import CheckpointError
+from groundup.interop.peft_format import adapter_config, load_adapter
 from groundup.layout import (CHECKPOINT_META_FILE, TOKENIZER_DIR, check_tokenizer_fits, find_tokenizer_dir,
                              is_adapter_dir, read_checkpoint_meta, resolve_model_dir)
-
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-          "float16": torch.float16, "fp16": torch.float16}
-
-
-def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype not in DTYPES:
-        raise ConfigError(f"dtype = {dtype!r}: expected one of {', '.join(DTYPES)}", key="dtype")
-    return DTYPES[dtype]
-
-
-def resolve_device(device: str | torch.device) -> torch.device:
-    """`auto` picks CUDA when present; asking for an absent CUDA is a clear error, not a crash later."""
-    if str(device) == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(device)
-    except (RuntimeError, TypeError):
-        raise ConfigError(f"device = {device!r}: expected cpu, cuda, cuda:N or auto", key="device") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("device = 'cuda': this torch has no CUDA device available (use --device cpu)",
-                          key="device")
-    return device
-
+from groundup.model.lora import merge_lora
+from groundup.quant.load import load_model
+from groundup.tokenizer import load_tokenizer
 
 def load_for_inference(path: str | Path, device: str | torch.device = "cpu", dtype: str | torch.dtype = "float32",
                        tokenizer: str | Path | None = None, adapter: str | Path | None = None, merge: bool = False):
@@ -49,10 +28,6 @@ def load_for_inference(path: str | Path, device: str | torch.device = "cpu", dty
 
     `adapter`: a LoRA adapter (an adapter directory, or a LoRA run: its newest intact checkpoint) to
     apply on top; a `path` that is itself an adapter loads the base it names. `merge` folds it in."""
-    from groundup.interop.peft_format import adapter_config, load_adapter
-    from groundup.model.io import load_model
-    from groundup.model.lora import merge_lora
-    from groundup.tokenizer import load_tokenizer
 
     device, dtype = resolve_device(device), resolve_dtype(dtype)
     model_dir = resolve_model_dir(path)

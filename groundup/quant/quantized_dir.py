@@ -23,13 +23,13 @@ from torch import nn
 from groundup.config import ConfigError, from_dict, read_toml, to_toml
 from groundup.errors import CheckpointError
 from groundup.io import atomic_write_bytes, atomic_write_text
-from groundup.layout import MODEL_CONFIG_FILE, WEIGHTS_FILE
+from groundup.layout import MODEL_CONFIG_FILE, QUANTIZATION_TABLE, WEIGHTS_FILE
 from groundup.model.config import ModelConfig
+from groundup.model.model_dir import load_state
 from groundup.model.moe import MoE
 from groundup.quant.modules import QuantEmbedding, QuantLinear, QuantMoE, QuantWeight, QuantizedTransformer
 from groundup.quant.spec import QuantSpec
 
-QUANT_TABLE = "quantization"
 
 
 def is_quantized(model_dir: str | Path) -> bool:
@@ -37,7 +37,7 @@ def is_quantized(model_dir: str | Path) -> bool:
     then says what is wrong with it)."""
     try:
         with (Path(model_dir) / MODEL_CONFIG_FILE).open("rb") as f:
-            return QUANT_TABLE in tomllib.load(f)
+            return QUANTIZATION_TABLE in tomllib.load(f)
     except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
         return False
 
@@ -53,12 +53,12 @@ def read_quant_spec(model_dir: str | Path, strict: bool = True) -> QuantSpec | N
         if strict:
             read_toml(path)  # raises the usual ConfigError naming the file
         return None
-    table = data.get(QUANT_TABLE)
+    table = data.get(QUANTIZATION_TABLE)
     if table is None:
         return None
     if not isinstance(table, dict):
         if strict:
-            raise CheckpointError(f"{path}: [{QUANT_TABLE}] is not a table")
+            raise CheckpointError(f"{path}: [{QUANTIZATION_TABLE}] is not a table")
         return None
     try:
         return QuantSpec.from_dict(table, str(path))
@@ -80,7 +80,7 @@ def save_quantized_model(model: QuantizedTransformer, out_dir: str | Path, metad
             "groundup_quantization": json.dumps(spec.to_dict())}
     meta.update({k: str(v) for k, v in (metadata or {}).items()})
     atomic_write_bytes(out_dir / WEIGHTS_FILE, save(state, metadata=meta))
-    atomic_write_text(out_dir / MODEL_CONFIG_FILE, to_toml(model.cfg) + "\n" + to_toml(spec.to_dict(), QUANT_TABLE))
+    atomic_write_text(out_dir / MODEL_CONFIG_FILE, to_toml(model.cfg) + "\n" + to_toml(spec.to_dict(), QUANTIZATION_TABLE))
     return out_dir
 
 
@@ -144,14 +144,12 @@ def load_quantized_model(model_dir: str | Path, device: str | torch.device = "cp
     if not config_path.is_file():
         raise CheckpointError(f"{model_dir}: no {MODEL_CONFIG_FILE} (not a groundup model directory)")
     data = read_toml(config_path)
-    if QUANT_TABLE not in data:
-        raise CheckpointError(f"{model_dir}: not a quantized model (no [{QUANT_TABLE}] table in {MODEL_CONFIG_FILE}); "
-                              "load it with groundup.model.io.load_model")
+    if QUANTIZATION_TABLE not in data:
+        raise CheckpointError(f"{model_dir}: not a quantized model (no [{QUANTIZATION_TABLE}] table in {MODEL_CONFIG_FILE}); "
+                              "load it with groundup.quant.load.load_model")
     spec = read_quant_spec(model_dir)
-    data.pop(QUANT_TABLE)
+    data.pop(QUANTIZATION_TABLE)
     cfg = from_dict(ModelConfig, data)
-    from groundup.model.io import load_state
-
     weights = model_dir / WEIGHTS_FILE
     state = load_state(weights, device)
     model = build_quantized_skeleton(cfg, spec, str(config_path))

@@ -12,33 +12,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from groundup.benchmarks import multiple_choice
+from groundup.benchmarks.base import Task
+from groundup.benchmarks.builtin import ALIASES, FACTORIES, GROUPS
+from groundup.benchmarks.custom import load_custom_task
 from groundup.config import did_you_mean
 from groundup.errors import ConfigError
-from groundup.eval.tasks import generative, multiple_choice
-from groundup.eval.tasks.base import Task
-
-FACTORIES = {**multiple_choice.TASKS, **generative.TASKS}
-ALIASES = {
-    "gsm8k": "gsm8k_cot",
-    "siqa": "social_iqa",
-    "socialiqa": "social_iqa",
-    "csqa": "commonsense_qa",
-    "obqa": "openbookqa",
-    "lambada": "lambada_openai",
-}
-CORE = [
-    "arc_easy", "arc_challenge", "hellaswag", "piqa", "sciq", "winogrande",
-    "boolq", "openbookqa", "commonsense_qa", "social_iqa", "mmlu",
-]  # fmt: skip
-GROUPS = {
-    "core": CORE,
-    "generative": ["gsm8k_cot", "humaneval", "mbpp"],
-    **{
-        f"mmlu_{category}": [f"mmlu_{s}" for s, c in multiple_choice.MMLU_SUBJECTS.items() if c == category]
-        for category in ("stem", "other", "social_sciences", "humanities")
-    },
-}
-
 
 def task_names() -> list[str]:
     """Every built-in task name (lm-eval's spelling), MMLU subjects included."""
@@ -68,7 +47,6 @@ def get_task(name: str) -> Task:
 def resolve_tasks(spec: str) -> list[Task]:
     """Comma-separated task names, aliases, group names and custom task .toml paths, in order,
     each task once."""
-    from groundup.eval.tasks.custom import load_custom_task
 
     parts = [p.strip() for p in str(spec).split(",") if p.strip()]
     if not parts:

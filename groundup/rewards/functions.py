@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from groundup.config import ConfigError, did_you_mean
-from groundup.eval.sandbox import check_completion
+from groundup.rewards.model_scorer import RewardModelScorer
+from groundup.sandbox.runner import check_completion
 
 RewardFn = Callable[..., float]
 _ANSWER_LINE = re.compile(r"Answer:\s*-?[\d,]+")
@@ -76,8 +77,6 @@ def load_reward(spec: str) -> RewardFn:
     if spec in SHIPPED:
         return SHIPPED[spec]
     if spec.startswith("rm:"):
-        from groundup.posttrain.reward_model import RewardModelScorer  # loads a model: only when asked for
-
         return RewardModelScorer(spec[3:])
     if ":" not in spec:
         raise ConfigError(f"reward {spec!r}: expected a shipped reward ({', '.join(SHIPPED)}) or module:function"

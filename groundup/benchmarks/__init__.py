@@ -1,6 +1,6 @@
 """Benchmark tasks as lm-evaluation-harness defines them: items read offline, prompts built alike.
 
-    from groundup.eval.tasks import get_task, resolve_tasks
+    from groundup.benchmarks import get_task, resolve_tasks
     for task in resolve_tasks("core,gsm8k"):          # names, aliases, groups, custom .toml files
         for item in task.items(limit=100):             # num_fewshot=None: the task's default
             item.requests()   # MCItem: [(context, " choice"), ...], exactly lm-eval's requests
@@ -42,10 +42,10 @@ as lm-eval. lm-eval draws those tasks' examples from train splits the wheel does
 draws them, with lm-eval's sampler and seed, from the split named above (each Task's `notes`).
 """
 
-from groundup.eval.tasks.base import GenItem, Item, MCItem, Task
-from groundup.eval.tasks.custom import load_custom_task
-from groundup.eval.tasks.generative import exact_match, extract_flexible, extract_strict
-from groundup.eval.tasks.registry import get_task, resolve_tasks, task_names
+from groundup.benchmarks.base import GenItem, Item, MCItem, Task
+from groundup.benchmarks.custom import load_custom_task
+from groundup.benchmarks.generative import exact_match, extract_flexible, extract_strict
+from groundup.benchmarks.registry import get_task, resolve_tasks, task_names
 
 __all__ = [
     "GenItem", "Item", "MCItem", "Task", "exact_match", "extract_flexible", "extract_strict",
