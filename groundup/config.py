@@ -39,8 +39,10 @@ __all__ = [
     "load_cli_config",
     "inputs_and_overrides",
     "load_config",
+    "load_saved_config",
     "read_toml",
     "save_config",
+    "saved_config",
     "to_toml",
 ]
 
@@ -218,8 +220,12 @@ def from_dict(cls: type[T], data: dict, prefix: str = "", base: T | None = None)
         kwargs = {name: getattr(base, name) for name in fields}
     for key, value in data.items():
         if key not in fields:
+            shown = f"{prefix}{key}" + (f".{next(iter(value))}" if isinstance(value, dict) and len(value) == 1 else "")
+            why = getattr(cls, "moved_keys", {}).get(key)
+            if why:
+                raise ConfigError(f"unknown key '{shown}': {why}", key=prefix + key)
             raise ConfigError(
-                f"unknown key '{prefix}{key}'{did_you_mean(key, fields, prefix)}; valid keys here: "
+                f"unknown key '{shown}'{did_you_mean(key, fields, prefix)}; valid keys here: "
                 + ", ".join(sorted(fields)),
                 key=prefix + key,
             )
@@ -249,6 +255,18 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: typing.
     data = read_toml(path) if path else {}
     apply_overrides(data, overrides)
     return from_dict(cls, data)
+
+
+def saved_config(cls: type[T], data: dict) -> T:
+    """A config a run saved (RUN/config.toml, a checkpoint's meta.json): a class whose layout changed since
+    may define `upgrade_saved(data) -> data` (a classmethod) to read what older runs wrote."""
+    upgrade = getattr(cls, "upgrade_saved", None)
+    return from_dict(cls, upgrade(copy.deepcopy(data)) if upgrade is not None else data)
+
+
+def load_saved_config(cls: type[T], path: str | Path) -> T:
+    """`saved_config` of a TOML file (a run's config.toml)."""
+    return saved_config(cls, read_toml(path))
 
 
 def add_config_arguments(p: argparse.ArgumentParser, config: str, example: str) -> None:

@@ -43,7 +43,7 @@ def sharded(tmp_path_factory):
 
 
 def run_sharded(monkeypatch, make_dist, cfg, out, resume=False) -> dict:
-    monkeypatch.setattr(loop, "init_distributed", lambda _cfg: make_dist())
+    monkeypatch.setattr(loop, "init_distributed", lambda _cfg, _model_cfg=None: make_dist())
     return train(cfg, out, resume=resume)
 
 

@@ -85,7 +85,7 @@ def _cfg(root, *extra):
     return load_config(GRPOConfig, None, [
         f"base={json.dumps(str(root / 'base'))}", f"grpo.prompts={json.dumps([str(root / 'prompts.jsonl')])}",
         'grpo.rewards=["reward_helpers:has_e", "reward_helpers:flaky"]', "grpo.group_size=4",
-        "grpo.prompts_per_batch=2", "grpo.max_new_tokens=8", "grpo.eval_count=0", "train.seq_len=64",
+        "grpo.prompts_per_batch=2", "grpo.max_new_tokens=8", "grpo.eval_count=0",
         "train.threads=2", "log.every=1", "log.progress=false", "eval.every=0", "eval.at_end=false",
         "checkpoint.every=2", "schedule.peak_lr=1e-3", *extra])
 

@@ -142,7 +142,7 @@ def test_replay_draws_a_share_of_each_batch_from_pretraining_shards(tmp_path):
     run_cli("data", "sample", "--chat", "--out", str(tmp_path / "chat"), "--domains", "math", "--math-count", "200")
     cfg = load_config(SFTConfig, None, [f"base={json.dumps(str(tmp_path / 'base'))}",
                                         f"sft.data={json.dumps([str(tmp_path / 'chat' / 'chat-math.jsonl')])}",
-                                        f"data.shards={json.dumps(str(shards))}", "sft.replay_fraction=0.25",
+                                        f"sft.replay_shards={json.dumps(str(shards))}", "sft.replay_fraction=0.25",
                                         "train.seq_len=96", "train.batch_size=4", "train.max_steps=3",
                                         "log.progress=false", "eval.at_end=false", "sft.eval_generations=0"])
     sft(cfg, tmp_path / "run")
@@ -181,7 +181,7 @@ def test_overrides_after_a_file_list_are_overrides_not_files(verb, files):
 
     p = argparse.ArgumentParser()
     getattr(commands, f"{verb}_arguments")(p)
-    args = p.parse_args([files[0], "a.jsonl", "train.batch_size=3", files[1], "h.jsonl", "train.seq_len=64",
+    args = p.parse_args([files[0], "a.jsonl", "train.grad_accum=3", files[1], "h.jsonl", "train.seed=64",
                          "--out", "run", "train.max_steps=5"])
     if verb == "grpo":
         args.data, args.eval_data = args.prompts, args.eval_prompts
@@ -190,7 +190,7 @@ def test_overrides_after_a_file_list_are_overrides_not_files(verb, files):
     else:
         cfg = commands._stage_config(SFTConfig, "sft", args)
         data, held = cfg.sft.data, cfg.sft.eval_data
-    assert (cfg.train.batch_size, cfg.train.seq_len, cfg.train.max_steps) == (3, 64, 5)
+    assert (cfg.train.grad_accum, cfg.train.seed, cfg.train.max_steps) == (3, 64, 5)
     assert (data, held) == (["a.jsonl"], ["h.jsonl"])
 
 

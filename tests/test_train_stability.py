@@ -12,7 +12,7 @@ from groundup.config import from_dict
 from groundup.tokens.loader import IGNORE_INDEX, Batch
 from groundup.model import Transformer
 from groundup.train import train
-from groundup.train.config import StabilityConfig
+from groundup.train.config import PretrainStabilityConfig, StabilityConfig
 from groundup.train.schedules import lr_at
 from groundup.train.stability import SpikeGuard, gate_batch, repeated_ngram_fraction
 from tests.train_helpers import corpus, make_shards, metrics, shared_shards, tiny_config
@@ -34,10 +34,10 @@ def test_gate_masks_only_repetitive_rows():
     rows = np.stack([rng.integers(0, 5000, 65), np.tile(np.arange(5), 13), rng.integers(0, 5000, 65)])
     x = torch.from_numpy(rows)
     batch = Batch(x[:, :-1], x[:, 1:].clone(), [[0], [1], [2]], ["text"] * 3)
-    gated, dropped = gate_batch(batch, StabilityConfig())
+    gated, dropped = gate_batch(batch, PretrainStabilityConfig())
     assert dropped == [1]
     assert (gated.targets[1] == IGNORE_INDEX).all() and torch.equal(gated.targets[[0, 2]], batch.targets[[0, 2]])
-    assert gate_batch(batch, StabilityConfig(max_repeat_fraction=1.0))[1] == []
+    assert gate_batch(batch, PretrainStabilityConfig(max_repeat_fraction=1.0))[1] == []
 
 
 def test_spike_guard_uses_the_median_of_accepted_steps():

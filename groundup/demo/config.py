@@ -75,7 +75,7 @@ def _sft() -> SFTConfig:
         "train": {"batch_size": 16, "seq_len": 128, "max_steps": 2000, "threads": -1},  # max_steps: a first guess
         "schedule": {"kind": "wsd", "peak_lr": 1e-3, "min_lr": 1e-4, "warmup_steps": 10, "decay_fraction": 0.3},
         "sft": {"eval_generations": 64, "eval_max_new_tokens": 48},  # scaled with the budget, as the scorecard
-        "eval": {"max_batches": 8, "every": 500},
+        "eval": {"every": 500},
         "checkpoint": {"every": 1000},
         "log": {"every": 10},
     })
@@ -83,12 +83,12 @@ def _sft() -> SFTConfig:
 
 def _grpo() -> GRPOConfig:
     return from_dict(GRPOConfig, {
-        "train": {"batch_size": 4, "seq_len": 128, "max_steps": 400, "threads": -1},
+        "train": {"max_steps": 400, "threads": -1},
         "schedule": {"kind": "constant", "peak_lr": 2e-5, "warmup_steps": 0},
         "grpo": {"rewards": ["exact_match"], "group_size": 8, "prompts_per_batch": 8, "max_new_tokens": 48,
                  "temperature": 1.0, "eval_count": 64,
                  "max_resample": 2},  # a step that draws 8 batches of samples overruns a short budget
-        "eval": {"max_batches": 4, "every": 100},
+        "eval": {"every": 100},
         "checkpoint": {"every": 200},
         "log": {"every": 5},
     })
@@ -99,7 +99,7 @@ def _dpo() -> DPOConfig:
         "train": {"batch_size": 16, "seq_len": 128, "max_steps": 1000, "threads": -1},
         "schedule": {"kind": "wsd", "peak_lr": 1e-5, "min_lr": 1e-6, "warmup_steps": 5, "decay_fraction": 0.3},
         "dpo": {"beta": 0.1},
-        "eval": {"max_batches": 8, "every": 250},
+        "eval": {"every": 250},
         "checkpoint": {"every": 500},
         "log": {"every": 5},
     })

@@ -120,7 +120,7 @@ class PostStages:
             return
         cfg = c.sft
         cfg.base = str(o / "models" / "base")
-        cfg.data.shards = str(o / "tokens")
+        cfg.sft.replay_shards = str(o / "tokens")
         cfg.sft.replay_fraction = c.replay_fraction
         cfg.sft.data = [str(o / "chat" / f"chat-{d}.jsonl") for d in CHAT_DOMAINS]
         cfg.sft.eval_data = [str(o / "chat" / "chat-math.heldout.jsonl")]

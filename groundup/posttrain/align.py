@@ -13,9 +13,7 @@ point and rewards (KTO); at each evaluation the same on the held-out split.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
-import math
 from pathlib import Path
 
 import torch
@@ -25,13 +23,10 @@ from safetensors.torch import save_file
 from groundup.errors import DataError
 from groundup.io import atomic_write_json
 from groundup.layout import DATA_REPORT_FILE, REFERENCE_LOGPS_FILE
-from groundup.model.lora import apply_lora
 from groundup.posttrain.config import DPOConfig, KTOConfig
 from groundup.posttrain.pairs import read_feedback, read_pairs, split_heldout
 from groundup.posttrain.preference import PreferenceLoader, PreferenceObjective, reference_logps
-from groundup.posttrain.run import posttrain_session
-from groundup.train.loop import run
-from groundup.train.state import build_state
+from groundup.train.session import open_run
 
 
 def _fingerprint(items: list, kind: str) -> str:
@@ -65,11 +60,9 @@ def _references(model, train: list, held: list, kind: str, pad: int, out: Path, 
 
 
 def _align(cfg, out_dir: str | Path, resume: bool, kind: str) -> dict:
-    out = Path(out_dir)
-    section = cfg.dpo if kind == "dpo" else cfg.kto
-    with posttrain_session(cfg, out, resume) as s:
-        cfg, d, tok = s.cfg, s.dist, s.tokenizer
-        note = print if d.is_main else (lambda *_: None)
+    with open_run(cfg, out_dir, resume, base=cfg.base) as run:
+        cfg, d, tok, note = run.cfg, run.dist, run.tokenizer, run.note
+        section = cfg.dpo if kind == "dpo" else cfg.kto
         if not section.data:
             raise DataError(f"no {kind} data: pass --data FILE... (JSONL or Parquet)")
         read = read_pairs if kind == "dpo" else read_feedback
@@ -89,24 +82,16 @@ def _align(cfg, out_dir: str | Path, resume: bool, kind: str) -> dict:
         pad = tok.pad_id if tok.pad_id is not None else tok.eot_id
         loader = PreferenceLoader(train, kind, cfg.train.batch_size, pad, seed=section.seed, rank=d.rank,
                                   world_size=d.world_size)
-        if not cfg.train.max_steps:
-            per_step = cfg.train.batch_size * cfg.train.grad_accum * d.world_size
-            steps = max(1, math.ceil(section.epochs * len(train) / per_step))
-            cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, max_steps=steps))
-        s.commit(cfg)
+        run.steps_from_epochs(section.epochs, len(train), cfg.train.batch_size)
+        run.commit()  # a resume is checked before the reference log-likelihoods are computed
+        cfg = run.cfg
         note(f"{len(train):,} {kind} examples ({len(held):,} held out), {report.truncated_prompts:,} prompts cut "
              f"from the start to fit, {cfg.train.max_steps:,} steps")
-        ref_train, ref_held = _references(s.model, train, held, kind, pad, out, d.is_main, cfg.train.batch_size, note)
-        model = s.model
-        if cfg.lora.enabled:
-            torch.manual_seed(cfg.train.seed)
-            apply_lora(model, cfg.lora)
-        objective = PreferenceObjective(kind, section, ref_train, held, ref_held, pad)
-        state = build_state(cfg, d, objective, loader, tokenizer=tok, run_dir=out, model=model)
-        state.lora, state.base = (cfg.lora if cfg.lora.enabled else None), str(s.base_dir)
+        ref_train, ref_held = _references(run.model, train, held, kind, pad, run.out, d.is_main, cfg.train.batch_size,
+                                          note)
         if d.is_main and not resume:
-            atomic_write_json(out / DATA_REPORT_FILE, {**report.to_dict(), "train": len(train), "heldout": len(held)})
-        return run(state, resume=resume, changes=s.changes, stop=s.stop, began=s.began)
+            atomic_write_json(run.out / DATA_REPORT_FILE, {**report.to_dict(), "train": len(train), "heldout": len(held)})
+        return run.train(PreferenceObjective(kind, section, ref_train, held, ref_held, pad), loader)
 
 
 def dpo(cfg: DPOConfig, out_dir: str | Path, resume: bool = False) -> dict:

@@ -1,20 +1,25 @@
-"""Post-training configs: every TrainConfig section (the training core's knobs) plus the stage's own.
+"""Post-training configs: the training core's sections, the base model and LoRA, plus the verb's own.
 
     cfg = load_config(SFTConfig, "sft.toml", ["sft.loss_on=completion", "lora.rank=16"])
 
-A post-training config is a TrainConfig whose `model` is the base model's (set when the base is
-loaded; `model.*` keys are ignored) and whose `data.shards` is optional (pretraining shards used for
-replay). Defaults are those of fine-tuning, not pretraining: a short warmup, a small peak rate.
+Composed, not inherited from pretraining's TrainConfig: the model is the base's (`base`), so there is no
+[model] section, and no token shards but SFT's replay (`sft.replay_shards`); a key that does not apply
+to a verb fails at once with a did-you-mean. `train.seq_len = 0` (the default) is the base model's
+context. Defaults are those of fine-tuning, not pretraining: a short warmup, a small peak rate.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import typing
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
 from groundup.config import fail
 from groundup.model.lora import LoraConfig
-from groundup.train.config import INCOMPATIBLE, EvalConfig, LoopConfig, ScheduleConfig, TrainConfig
+from groundup.train.config import (INCOMPATIBLE, CheckpointConfig, DistributedConfig, EvalConfig, LogConfig,
+                                   LoopConfig, OptimConfig, PrecisionConfig, ScheduleConfig, StabilityConfig,
+                                   StepsConfig)
 
 
 def _sft_schedule() -> ScheduleConfig:
@@ -24,27 +29,32 @@ def _sft_schedule() -> ScheduleConfig:
 @dataclass
 class PostTrainLoopConfig(LoopConfig):
     max_steps: int = 0  # optimizer steps; 0 = derived from the stage's epochs
+    seq_len: int = 0  # tokens per row; 0 = the base model's context
 
     steps_from_epochs = True
+    min_seq_len = 0
 
 
-def _sft_loop() -> PostTrainLoopConfig:
-    return PostTrainLoopConfig(batch_size=8, seq_len=512)
+@dataclass
+class RolloutLoopConfig(StepsConfig):
+    """GRPO's loop: a micro-batch is grpo.prompts_per_batch x grpo.group_size sampled rows, whose length is
+    the prompt's plus grpo.max_new_tokens, so it has no batch_size or seq_len of its own."""
 
+    max_steps: int = 0  # optimizer steps (required: GRPO runs for steps, not epochs)
 
-def _sft_eval() -> EvalConfig:
-    return EvalConfig(every=100, max_batches=20)
+    steps_from_epochs = True
 
 
 @dataclass
 class SFTDataConfig:
     data: list[str] = field(default_factory=list)  # JSONL/Parquet files or directories (--data)
     eval_data: list[str] = field(default_factory=list)  # held-out files; none: records marked split="heldout"
+    replay_shards: str = ""  # pretraining token shards (`data tokenize` output) that replay_fraction draws from
     val_fraction: float = 0.02  # share held out when no record says its split (by a hash of the record)
     loss_on: Literal["assistant", "completion", "all"] = "assistant"  # which tokens are trained
     packing: bool = True  # several examples per row (no attention across them); false: pad to the longest
     epochs: float = 1.0  # passes over the training examples; train.max_steps = 0 derives the steps from it
-    replay_fraction: float = 0.0  # share of each batch drawn from pretraining shards (data.shards); 0 = off
+    replay_fraction: float = 0.0  # share of each batch drawn from replay_shards; 0 = off
     eval_generations: int = 32  # held-out conversations answered greedily at each evaluation (0 = none)
     eval_max_new_tokens: int = 128
     seed: int = 0  # of the held-out split and the example order
@@ -62,16 +72,43 @@ class SFTDataConfig:
 
 
 @dataclass
-class PostTrainConfig(TrainConfig):
-    """What every post-training verb shares: the base model, fine-tuning defaults, LoRA."""
+class PostTrainConfig:
+    """What every post-training verb shares: the base model, the training core's sections, LoRA."""
 
-    base: str = ""  # the model to train: a model directory, run directory, imported HF/GGUF model (--base)
-    train: PostTrainLoopConfig = field(default_factory=_sft_loop)
+    base: str = ""  # the model to train: a model directory, run directory, imported HF/GGUF model (--model)
+    train: PostTrainLoopConfig = field(default_factory=PostTrainLoopConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
     schedule: ScheduleConfig = field(default_factory=_sft_schedule)
-    eval: EvalConfig = field(default_factory=_sft_eval)
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    stability: StabilityConfig = field(default_factory=StabilityConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
 
     incompatible_keys: ClassVar[tuple[str, ...]] = INCOMPATIBLE + ("lora.", "base")
+    # Sections a pretraining config has and this one has not, with why (the unknown-key error says so).
+    moved_keys: ClassVar[dict[str, str]] = {
+        "model": "post-training trains the base model as it is (--model / base); its config is the base's",
+        "data": "post-training reads its own data files (the verb's --data or --prompts); SFT's replay shards "
+                "are sft.replay_shards",
+    }
+
+    @classmethod
+    def upgrade_saved(cls, data: dict) -> dict:
+        """A run directory written before post-training configs were composed: its [model] section was the
+        base's, [data] held SFT's replay shards, and pretraining's keys sat in [train], [eval], [stability]."""
+        data.pop("model", None)
+        shards = (data.pop("data", None) or {}).get("shards")
+        hints = typing.get_type_hints(cls)
+        if shards and "sft" in hints:
+            data.setdefault("sft", {}).setdefault("replay_shards", shards)
+        for section in ("train", "eval", "stability"):
+            known = {f.name for f in dataclasses.fields(hints[section])}
+            for key in [k for k in data.get(section, {}) if k not in known]:
+                del data[section][key]
+        return data
 
     def validate(self) -> None:
         if self.lora.enabled and self.distributed.strategy == "fsdp":
@@ -88,8 +125,8 @@ class SFTConfig(PostTrainConfig):
 
     def validate(self) -> None:
         super().validate()
-        if self.sft.replay_fraction and not self.data.shards:
-            fail("sft.replay_fraction", self.sft.replay_fraction, "0 unless data.shards names pretraining shards")
+        if self.sft.replay_fraction and not self.sft.replay_shards:
+            fail("sft.replay_fraction", self.sft.replay_fraction, "0 unless sft.replay_shards names pretraining shards")
 
 
 @dataclass
@@ -212,6 +249,7 @@ def _rl_schedule() -> ScheduleConfig:
 
 @dataclass
 class GRPOConfig(PostTrainConfig):
+    train: RolloutLoopConfig = field(default_factory=RolloutLoopConfig)
     schedule: ScheduleConfig = field(default_factory=_rl_schedule)
     grpo: GRPOSection = field(default_factory=GRPOSection)
 

@@ -29,15 +29,12 @@ from groundup.infer import Generator
 from groundup.io import atomic_write_json
 from groundup.layout import DATA_REPORT_FILE
 from groundup.model.logprobs import logprobs
-from groundup.model.lora import apply_lora
 from groundup.posttrain.config import GRPOConfig
 from groundup.posttrain.rollout import RolloutBatch, RolloutLoader, policy_temperature, read_prompts
-from groundup.posttrain.run import posttrain_session
 from groundup.rewards.functions import load_rewards, score
 from groundup.train.distributed import unwrap
-from groundup.train.loop import run
 from groundup.train.objective import ObjectiveOutput
-from groundup.train.state import build_state
+from groundup.train.session import open_run
 
 
 def grpo_token_loss(logp: torch.Tensor, old: torch.Tensor, advantages: torch.Tensor, ref: torch.Tensor | None,
@@ -128,15 +125,13 @@ class GRPOObjective:
 
 def grpo(cfg: GRPOConfig, out_dir: str | Path, resume: bool = False) -> dict:
     """GRPO of `cfg.base` on `cfg.grpo.prompts` with `cfg.grpo.rewards`; returns the training summary."""
-    out = Path(out_dir)
     g = cfg.grpo
     rewards = load_rewards(g.rewards, g.reward_weights)  # a bad reward name fails before anything is loaded
-    with posttrain_session(cfg, out, resume) as s:
-        cfg, d, tok = s.cfg, s.dist, s.tokenizer
-        note = print if d.is_main else (lambda *_: None)
+    with open_run(cfg, out_dir, resume, base=cfg.base) as run:
+        cfg, d, tok, note = run.cfg, run.dist, run.tokenizer, run.note
         if not g.prompts:
             raise DataError("no GRPO prompts: pass --prompts FILE... (JSONL/Parquet: prompt or messages, + answer)")
-        context = cfg.model.max_seq_len - g.max_new_tokens
+        context = run.model.cfg.max_seq_len - g.max_new_tokens
         train, held, bad = read_prompts(g.prompts, tok, context)
         if g.eval_prompts:
             unmarked, marked, bad2 = read_prompts(g.eval_prompts, tok, context)
@@ -145,26 +140,22 @@ def grpo(cfg: GRPOConfig, out_dir: str | Path, resume: bool = False) -> dict:
             note(f"skipped {len(bad):,} prompt records: " + "; ".join(bad[:3]))
         if not cfg.train.max_steps:
             raise DataError("train.max_steps is not set: GRPO runs for a number of steps, not epochs")
-        s.commit(cfg)
-        model = s.model
+        run.commit()
+        # The KL term's reference: the base as it starts (under LoRA, the base with its adapters disabled,
+        # so no second copy exists).
         reference = None
-        if cfg.lora.enabled:
-            torch.manual_seed(cfg.train.seed)
-            apply_lora(model, cfg.lora)
-        elif g.beta:
-            reference = copy.deepcopy(model).eval().requires_grad_(False).to(d.device)
+        if g.beta and not cfg.lora.enabled:
+            reference = copy.deepcopy(run.model).eval().requires_grad_(False).to(d.device)
         loader = RolloutLoader(train, g, rewards, tok, seed=g.seed, rank=d.rank, world_size=d.world_size,
                                accum=cfg.train.grad_accum)
-        objective = GRPOObjective(g, held, rewards, tok)
-        state = build_state(cfg, d, objective, loader, tokenizer=tok, run_dir=out, model=model)
-        state.lora, state.base = (cfg.lora if cfg.lora.enabled else None), str(s.base_dir)
-        loader.bind(unwrap(state.model), reference)
         note(f"{len(train):,} prompts ({len(held):,} held out), {g.group_size} completions each, "
              f"{g.prompts_per_batch} prompts per micro-batch, {cfg.train.max_steps:,} steps")
         if d.is_main and not resume:
-            atomic_write_json(out / DATA_REPORT_FILE, {"prompts": len(train), "heldout": len(held), "skipped": bad[:20],
-                                                       "rewards": g.rewards, **dataclasses.asdict(g)})
-        summary = run(state, resume=resume, changes=s.changes, stop=s.stop, began=s.began)
+            atomic_write_json(run.out / DATA_REPORT_FILE, {"prompts": len(train), "heldout": len(held),
+                                                           "skipped": bad[:20], "rewards": g.rewards,
+                                                           **dataclasses.asdict(g)})
+        summary = run.train(GRPOObjective(g, held, rewards, tok), loader,
+                            on_start=lambda state: loader.bind(unwrap(state.model), reference))
         summary["reward_errors"] = len(loader.errors)
         if loader.errors:
             note(f"{len(loader.errors):,} reward calls failed and scored 0: " + "; ".join(loader.errors[:3]))

@@ -15,7 +15,6 @@ the reward name `rm:PATH` uses it wherever rewards are accepted.
 from __future__ import annotations
 
 import dataclasses
-import math
 from pathlib import Path
 
 import torch
@@ -29,10 +28,8 @@ from groundup.model.transformer import Transformer
 from groundup.posttrain.config import RMConfig
 from groundup.posttrain.pairs import read_pairs, split_heldout
 from groundup.posttrain.preference import PrefBatch, PreferenceLoader, make_batch
-from groundup.posttrain.run import posttrain_session
-from groundup.train.loop import run
 from groundup.train.objective import ObjectiveOutput
-from groundup.train.state import build_state
+from groundup.train.session import open_run
 
 
 def pair_rewards(model, batch: PrefBatch, device, with_nll: bool = False):
@@ -92,11 +89,9 @@ class RewardObjective:
 
 def rm(cfg: RMConfig, out_dir: str | Path, resume: bool = False) -> dict:
     """Train a reward model from `cfg.base` on `cfg.rm.data` pairs; returns the summary."""
-    out = Path(out_dir)
     section = cfg.rm
-    with posttrain_session(cfg, out, resume) as s:
-        cfg, d, tok = s.cfg, s.dist, s.tokenizer
-        note = print if d.is_main else (lambda *_: None)
+    with open_run(cfg, out_dir, resume, base=cfg.base) as run:
+        cfg, d, tok, note = run.cfg, run.dist, run.tokenizer, run.note
         if not section.data:
             raise DataError("no preference pairs: pass --data FILE... (prompt, chosen, rejected)")
         items, report = read_pairs(section.data, tok, cfg.train.seq_len + 1)
@@ -111,22 +106,17 @@ def rm(cfg: RMConfig, out_dir: str | Path, resume: bool = False) -> dict:
         pad = tok.pad_id if tok.pad_id is not None else tok.eot_id
         loader = PreferenceLoader(train, "rm", cfg.train.batch_size, pad, seed=section.seed, rank=d.rank,
                                   world_size=d.world_size)
-        if not cfg.train.max_steps:
-            steps = max(1, math.ceil(section.epochs * len(train) / (cfg.train.batch_size * cfg.train.grad_accum
-                                                                       * d.world_size)))
-            cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, max_steps=steps))
-        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, value_head=True))
-        s.commit(cfg)
+        run.steps_from_epochs(section.epochs, len(train), cfg.train.batch_size)
+        run.commit()
+        cfg = run.cfg
         torch.manual_seed(cfg.train.seed)  # the head's initial weights
-        model = Transformer(cfg.model)
-        missing, unexpected = model.load_state_dict(s.model.state_dict(), strict=False)
+        model = Transformer(dataclasses.replace(run.model.cfg, value_head=True))
+        missing, unexpected = model.load_state_dict(run.model.state_dict(), strict=False)
         if unexpected or any(not k.startswith("value_head.") for k in missing):  # a base with a head already
             raise DataError(f"{cfg.base}: cannot start a reward model from it (unexpected {unexpected[:2]}, "
                             f"missing {missing[:2]})")
         note(f"{len(train):,} pairs ({len(held):,} held out), {len(report.skipped):,} skipped, "
              f"{cfg.train.max_steps:,} steps")
-        objective = RewardObjective(held, pad, section.lm_weight)
-        state = build_state(cfg, d, objective, loader, tokenizer=tok, run_dir=out, model=model)
         if d.is_main and not resume:
-            atomic_write_json(out / DATA_REPORT_FILE, {**report.to_dict(), "train": len(train), "heldout": len(held)})
-        return run(state, resume=resume, changes=s.changes, stop=s.stop, began=s.began)
+            atomic_write_json(run.out / DATA_REPORT_FILE, {**report.to_dict(), "train": len(train), "heldout": len(held)})
+        return run.train(RewardObjective(held, pad, section.lm_weight), loader, model=model)

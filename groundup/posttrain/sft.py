@@ -13,8 +13,6 @@ conversations: the share that end their turn, and exact match where the record c
 
 from __future__ import annotations
 
-import dataclasses
-import math
 from pathlib import Path
 
 import torch
@@ -24,17 +22,14 @@ from groundup.data.readers import ReadStats
 from groundup.errors import DataError
 from groundup.io import atomic_write_json
 from groundup.layout import DATA_REPORT_FILE
-from groundup.model.lora import apply_lora
 from groundup.posttrain.config import SFTConfig
 from groundup.posttrain.records import Example, iter_examples
 from groundup.posttrain.chat_eval import chat_metrics
-from groundup.posttrain.run import posttrain_session
 from groundup.posttrain.sft_data import SFTLoader, collate, pack, tokenize
 from groundup.tokens.loader import IGNORE_INDEX, TokenLoader
 from groundup.train.distributed import unwrap
-from groundup.train.loop import run
 from groundup.train.objective import ObjectiveOutput
-from groundup.train.state import build_state
+from groundup.train.session import open_run
 
 class SFTObjective:
     name = "sft"
@@ -106,11 +101,9 @@ def load_examples(cfg: SFTConfig, note=print) -> tuple[list[Example], list[Examp
 
 def sft(cfg: SFTConfig, out_dir: str | Path, resume: bool = False) -> dict:
     """Fine-tune `cfg.base` on `cfg.sft.data` into `out_dir`; returns the training summary."""
-    out = Path(out_dir)
-    with posttrain_session(cfg, out, resume) as s:
-        cfg, d, tok = s.cfg, s.dist, s.tokenizer
-        note = print if d.is_main else (lambda *_: None)
-        train_ex, heldout, stats = load_examples(cfg, note)
+    with open_run(cfg, out_dir, resume, base=cfg.base) as run:
+        cfg, d, tok = run.cfg, run.dist, run.tokenizer
+        train_ex, heldout, stats = load_examples(cfg, run.note)
         pad = tok.pad_id if tok.pad_id is not None else tok.eot_id
         rows, report = pack([tokenize(e, tok, cfg.sft.loss_on, i) for i, e in enumerate(train_ex)], cfg.train.seq_len,
                             pad, cfg.sft.packing)
@@ -119,29 +112,22 @@ def sft(cfg: SFTConfig, out_dir: str | Path, resume: bool = False) -> dict:
         replay_rows = round(cfg.sft.replay_fraction * cfg.train.batch_size) if cfg.sft.replay_fraction else 0
         replay = None
         if replay_rows:
-            replay = TokenLoader(cfg.data.shards, "train", cfg.train.seq_len, replay_rows, rank=d.rank,
+            replay = TokenLoader(cfg.sft.replay_shards, "train", cfg.train.seq_len, replay_rows, rank=d.rank,
                                  world_size=d.world_size, seed=cfg.train.seed, expected_tokenizer_hash=tok.hash)
         loader = SFTLoader(rows, cfg.train.batch_size, pad, seed=cfg.sft.seed, rank=d.rank, world_size=d.world_size,
                            replay=replay, replay_rows=replay_rows)
-        if not cfg.train.max_steps:
-            per_step = loader.batch_size * cfg.train.grad_accum * d.world_size
-            steps = max(1, math.ceil(cfg.sft.epochs * len(rows) / per_step))
-            cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, max_steps=steps))
-        s.commit(cfg)
-        note(f"{len(train_ex):,} examples ({len(heldout):,} held out) -> {report['rows']:,} rows of {cfg.train.seq_len}"
-             f" tokens; {report['learned_tokens']:,} learned tokens, {report['padding_tokens']:,} padding, "
-             f"{report['dropped_examples']:,} examples dropped (longer than a row), {cfg.train.max_steps:,} steps"
-             + (f"; {replay_rows} of {cfg.train.batch_size} rows per batch replay pretraining data" if replay_rows else ""))
-        model = s.model
-        if cfg.lora.enabled:
-            torch.manual_seed(cfg.train.seed)  # the adapters' initial A matrices
-            apply_lora(model, cfg.lora)
-        objective = SFTObjective(cfg, val_rows, heldout, tok)
-        state = build_state(cfg, d, objective, loader, tokenizer=tok, run_dir=out, model=model)
-        state.lora, state.base = (cfg.lora if cfg.lora.enabled else None), str(s.base_dir)
+        run.steps_from_epochs(cfg.sft.epochs, len(rows), loader.batch_size)
+        run.commit()
+        cfg = run.cfg
+        run.note(f"{len(train_ex):,} examples ({len(heldout):,} held out) -> {report['rows']:,} rows of "
+                 f"{cfg.train.seq_len} tokens; {report['learned_tokens']:,} learned tokens, "
+                 f"{report['padding_tokens']:,} padding, {report['dropped_examples']:,} examples dropped (longer "
+                 f"than a row), {cfg.train.max_steps:,} steps"
+                 + (f"; {replay_rows} of {cfg.train.batch_size} rows per batch replay pretraining data"
+                    if replay_rows else ""))
         if d.is_main and not resume:
-            _write_data_report(out, report, stats, replay_rows, cfg)
-        return run(state, resume=resume, changes=s.changes, stop=s.stop, began=s.began)
+            _write_data_report(run.out, report, stats, replay_rows, cfg)
+        return run.train(SFTObjective(cfg, val_rows, heldout, tok), loader)
 
 
 def _write_data_report(out: Path, report: dict, stats: ReadStats, replay_rows: int, cfg: SFTConfig) -> None:

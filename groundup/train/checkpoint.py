@@ -48,7 +48,7 @@ def _save_pt(obj, path: Path) -> None:
         os.fsync(f.fileno())
 
 
-def save_checkpoint(run_dir: Path, step: int, cfg, model_state: dict | Callable[[Path], None], optimizer_state: dict,
+def save_checkpoint(run_dir: Path, step: int, cfg, model_cfg, model_state: dict | Callable[[Path], None], optimizer_state: dict,
                     loader_states: list[dict], trainer_state: dict, meta: dict) -> Path:
     """Write step `step`'s checkpoint (main process only) and point `latest` at it.
 
@@ -59,7 +59,7 @@ def save_checkpoint(run_dir: Path, step: int, cfg, model_state: dict | Callable[
         if callable(model_state):
             model_state(tmp)
         else:
-            save_model(build_from_state(cfg.model, model_state), tmp)
+            save_model(build_from_state(model_cfg, model_state), tmp)
         _save_pt(optimizer_state, tmp / "optimizer.pt")
         _save_pt({"ranks": loader_states}, tmp / "loader.pt")
         _save_pt(trainer_state, tmp / "trainer.pt")
@@ -68,12 +68,11 @@ def save_checkpoint(run_dir: Path, step: int, cfg, model_state: dict | Callable[
     return final
 
 
-def finish_sharded(tmp: Path, step: int, cfg, model_state: dict, optimizer_groups: dict, loader_states: list[dict],
+def finish_sharded(tmp: Path, step: int, cfg, model_cfg, model_state: dict, optimizer_groups: dict, loader_states: list[dict],
                    trainer_state: dict, meta: dict, digests: dict[str, str]) -> None:
     """The main process's part of a sharded checkpoint, once every process's shards are in `tmp`:
     the consolidated model directory, the small files, and meta.json (the caller renames and points)."""
-
-    save_model(build_from_state(cfg.model, model_state), tmp)
+    save_model(build_from_state(model_cfg, model_state), tmp)
     _save_pt(optimizer_groups, tmp / GROUPS_FILE)
     _save_pt({"ranks": loader_states}, tmp / "loader.pt")
     _save_pt(trainer_state, tmp / "trainer.pt")

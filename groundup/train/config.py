@@ -2,6 +2,10 @@
 
     cfg = load_config(TrainConfig, "configs/train-tiny.toml", ["train.max_steps=500", "optim.name=muon"])
 
+The sections the training core reads (train, optim, schedule, precision, checkpoint, stability, eval,
+log, distributed) are shared by every training verb; post-training configs compose them with their own
+(posttrain/config.py), so a key that does not apply to a verb does not exist in its config.
+
 Every default works for the `tiny` preset on a CPU. `train.max_steps` is the schedule's length: a
 run of 5 steps is a cheap throughput probe, and the learning-rate schedule scales to any length.
 """
@@ -23,11 +27,11 @@ def _tiny() -> ModelConfig:
 
 
 @dataclass
-class LoopConfig:
+class StepsConfig:
+    """The loop's knobs every training verb has."""
+
     max_steps: int = 200  # optimizer steps; the schedule's length
-    batch_size: int = 8  # sequences per micro-batch on each process
     grad_accum: int = 1  # micro-batches per optimizer step
-    seq_len: int = 256  # tokens per sequence (at most model.max_seq_len)
     seed: int = 0  # model init, data order and dropout
     device: str = "auto"  # auto: cuda when available, else cpu
     # torch CPU threads; 0: leave torch's choice (set it for bit-exact reruns across machines); -1: measure
@@ -40,6 +44,7 @@ class LoopConfig:
     # cadence, in proportion) to end on time, again while the schedule allows, and stops at the limit.
     time_limit_s: float = 0.0
     steps_from_epochs: ClassVar[bool] = False  # post-training: max_steps = 0 derives them from the epochs
+    min_seq_len: ClassVar[int] = 1  # post-training: seq_len = 0 is the base model's context
 
     def validate(self) -> None:
         if not (self.time_limit_s >= 0 and math.isfinite(self.time_limit_s)):
@@ -47,13 +52,24 @@ class LoopConfig:
         if self.max_steps < (0 if self.steps_from_epochs else 1):
             fail("max_steps", self.max_steps, "0 (derived from the epochs) or a positive step count"
                  if self.steps_from_epochs else "a positive integer")
-        for key in ("batch_size", "grad_accum", "seq_len"):
-            if getattr(self, key) < 1:
-                fail(key, getattr(self, key), "a positive integer")
+        if self.grad_accum < 1:
+            fail("grad_accum", self.grad_accum, "a positive integer")
+        for key in ("batch_size", "seq_len"):
+            if hasattr(self, key) and getattr(self, key) < (self.min_seq_len if key == "seq_len" else 1):
+                fail(key, getattr(self, key), "0 (the base model's context) or a positive integer"
+                     if key == "seq_len" and not self.min_seq_len else "a positive integer")
         if self.threads < -1:
             fail("threads", self.threads, "0 (torch's default), -1 (measured) or a positive count")
         if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):
             fail("device", self.device, "auto, cpu, cuda or cuda:N")
+
+
+@dataclass
+class LoopConfig(StepsConfig):
+    """The loop of a verb whose micro-batches are rows of a fixed length (all but GRPO)."""
+
+    batch_size: int = 8  # sequences per micro-batch on each process
+    seq_len: int = 256  # tokens per sequence (at most model.max_seq_len)
 
 
 @dataclass
@@ -147,11 +163,11 @@ class CheckpointConfig:
 
 @dataclass
 class StabilityConfig:
+    """The spike guard and rollback, on every training verb."""
+
     spike_factor: float = 5.0  # skip a step whose grad norm exceeds this x the running median; 0 = off
     spike_window: int = 100  # accepted steps the median is taken over
     spike_min_history: int = 10  # judge spikes only once this many steps were accepted
-    repeat_ngram: int = 13  # data gate: n-gram length (tokens)
-    max_repeat_fraction: float = 0.15  # drop a sequence whose repeated n-grams exceed this share; 1 = off
     rollback_after: int = 5  # consecutive skipped steps that trigger a rollback; 0 = never
     rollback_lr_factor: float = 0.5  # learning rate multiplier applied at each rollback
     max_rollbacks: int = 5  # after this many rollbacks the run stops with a message (it is diverging)
@@ -159,11 +175,9 @@ class StabilityConfig:
     def validate(self) -> None:
         if self.spike_factor < 0 or 0 < self.spike_factor <= 1:
             fail("spike_factor", self.spike_factor, "0 (off) or a number > 1")
-        for key in ("spike_window", "spike_min_history", "repeat_ngram"):
+        for key in ("spike_window", "spike_min_history"):
             if getattr(self, key) < 1:
                 fail(key, getattr(self, key), "a positive integer")
-        if not 0 < self.max_repeat_fraction <= 1:
-            fail("max_repeat_fraction", self.max_repeat_fraction, "a number in (0, 1]")
         if self.rollback_after < 0:
             fail("rollback_after", self.rollback_after, "an integer >= 0")
         if not 0 < self.rollback_lr_factor <= 1:
@@ -173,11 +187,34 @@ class StabilityConfig:
 
 
 @dataclass
+class PretrainStabilityConfig(StabilityConfig):
+    """Pretraining's guards, plus the data gate on repeated n-grams (stability.gate_batch)."""
+
+    repeat_ngram: int = 13  # data gate: n-gram length (tokens)
+    max_repeat_fraction: float = 0.15  # drop a sequence whose repeated n-grams exceed this share; 1 = off
+
+    def validate(self) -> None:
+        super().validate()
+        if self.repeat_ngram < 1:
+            fail("repeat_ngram", self.repeat_ngram, "a positive integer")
+        if not 0 < self.max_repeat_fraction <= 1:
+            fail("max_repeat_fraction", self.max_repeat_fraction, "a number in (0, 1]")
+
+
+@dataclass
 class EvalConfig:
-    every: int = 100  # steps between validation passes; 0 = only at the end
+    """When the objective's evaluation runs (every training verb)."""
+
+    every: int = 100  # steps between evaluations; 0 = only at the end
+    at_end: bool = True
+
+
+@dataclass
+class ValidationConfig(EvalConfig):
+    """Pretraining's validation pass over the shards' val split."""
+
     max_batches: int = 20  # per domain; 0 = the whole validation split
     batch_size: int = 0  # 0: train.batch_size
-    at_end: bool = True
 
 
 @dataclass
@@ -225,11 +262,12 @@ class TrainConfig:
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    stability: StabilityConfig = field(default_factory=StabilityConfig)
-    eval: EvalConfig = field(default_factory=EvalConfig)
+    stability: PretrainStabilityConfig = field(default_factory=PretrainStabilityConfig)
+    eval: ValidationConfig = field(default_factory=ValidationConfig)
     log: LogConfig = field(default_factory=LogConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
 
+    verb: ClassVar[str] = "train"
     # A [model] table starts from the default model (tiny), as every section starts from its
     # default (groundup.config.from_dict): `model.n_layers=4` means "tiny with 4 layers".
 

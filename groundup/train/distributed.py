@@ -32,8 +32,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from groundup.device import resolve_device
 from groundup.errors import ConfigError
-from groundup.train.config import TrainConfig
 from groundup.train.dcp import wait_pending
 from groundup.train.parallelize import (check_tp, fuse_param_groups, fuse_state, split_names, split_param_groups,
                                         split_state, tensor_parallel)
@@ -142,28 +142,12 @@ class Dist:
             dist.destroy_process_group()
 
 
-def pick_device(name: str, local_rank: int) -> torch.device:
-    if name == "auto":
-        return torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
-    try:
-        device = torch.device(name)
-    except (RuntimeError, TypeError):
-        raise ConfigError(f"train.device = {name!r}: expected auto, cpu, cuda or cuda:N", key="train.device") from None
-    if device.type not in ("cpu", "cuda"):
-        raise ConfigError(f"train.device = {name!r}: training runs on cpu or cuda (auto picks)", key="train.device")
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ConfigError(f"train.device = {name!r}, but torch sees no CUDA device", key="train.device")
-        if device.index is None:
-            device = torch.device(f"cuda:{local_rank}")
-    return device
-
-
-def init_distributed(cfg: TrainConfig) -> Dist:
-    """Join the torchrun process group when there is one; otherwise a single process."""
+def init_distributed(cfg, model_cfg=None) -> Dist:
+    """Join the torchrun process group when there is one; otherwise a single process. `model_cfg`: checked
+    against the tensor-parallel layout now, when known (wrapping checks the model itself again)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank, local = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
-    device = pick_device(cfg.train.device, local)
+    device = resolve_device(cfg.train.device, local, key="train.device")
     dc = cfg.distributed
     if world == 1:
         if dc.tp > 1:
@@ -173,7 +157,8 @@ def init_distributed(cfg: TrainConfig) -> Dist:
     if world % dc.tp:
         raise ConfigError(f"distributed.tp = {dc.tp} must divide the number of processes ({world})",
                           key="distributed.tp")
-    check_tp(cfg.model, dc.tp, cfg.train.seq_len, dc.sequence_parallel)
+    if model_cfg is not None:
+        check_tp(model_cfg, dc.tp, getattr(cfg.train, "seq_len", None), dc.sequence_parallel)
     if dc.tp > 1 and dc.meta_init and device.type == "cpu":
         # On CPU meshes DTensor has no RNG tracker, so shards initialised in place could not both
         # differ across tp and agree across replicas.

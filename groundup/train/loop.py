@@ -21,7 +21,7 @@ from typing import Iterator
 
 import torch
 
-from groundup.config import from_dict, save_config
+from groundup.config import save_config, saved_config
 from groundup.errors import CheckpointError, TrainingError
 from groundup.io import atomic_write_json
 from groundup.layout import RUN_CONFIG_FILE, SUMMARY_FILE, checkpoint_problem, find_intact_checkpoint, list_checkpoints
@@ -58,9 +58,11 @@ def _signals():
 
 
 @contextlib.contextmanager
-def training_session(cfg) -> Iterator[tuple[Dist, dict]]:
-    """The process group (or one process), torch's thread count, and the stop flag the signals set."""
-    d = init_distributed(cfg)
+def training_session(cfg, model_cfg=None) -> Iterator[tuple[Dist, dict]]:
+    """The process group (or one process), torch's thread count, and the stop flag the signals set.
+    `model_cfg`: the model to be trained, when known before it is built (pretraining), so a tensor-parallel
+    layout that cannot shard it is refused before the process group starts."""
+    d = init_distributed(cfg, model_cfg)
     threads = torch.get_num_threads()
     if cfg.train.threads > 0:
         torch.set_num_threads(cfg.train.threads)
@@ -85,7 +87,7 @@ def _resume(state: TrainState, note) -> tuple[int, str | None]:
         note(f"note: {out} holds no checkpoint yet; starting it again from step 0")
         return 0, None
     data = ckpt.load_checkpoint(Path(found))
-    check_compatible(from_dict(type(state.cfg), data["meta"]["config"]), state.cfg, found)
+    check_compatible(saved_config(type(state.cfg), data["meta"]["config"]), state.cfg, found)
     restore_state(state, data, note)
     return int(data["meta"]["metrics_offset"]), Path(found).name
 
@@ -228,7 +230,7 @@ def _log_data_events(state: TrainState, log: MetricsLog, r) -> None:
 
 def _loop(state: TrainState, log: MetricsLog, stop: dict, began: float) -> dict:
     cfg, d = state.cfg, state.dist
-    fpt = flops_per_token(cfg.model, cfg.train.seq_len)
+    fpt = flops_per_token(state.model_cfg, state.seq_len)
     compute_dtype = torch.float32 if state.precision.emulate else state.precision.compute_dtype
     peak, peak_source = peak_flops(d.device, compute_dtype, cfg.log.peak_flops)
     peak *= d.processes  # every accelerator, tensor-parallel ones included
@@ -236,7 +238,7 @@ def _loop(state: TrainState, log: MetricsLog, stop: dict, began: float) -> dict:
     last_eval: dict = {}
     last_loss, interrupted, start_step = float("nan"), None, state.step
     budget, timed_out = TimeBudget(cfg.train.time_limit_s, began, state.step), False
-    tuner = ThreadTuner(cfg.train.threads == -1 and d.device.type == "cpu", cfg.model.d_model)
+    tuner = ThreadTuner(cfg.train.threads == -1 and d.device.type == "cpu", state.model_cfg.d_model)
     while state.step < cfg.train.max_steps:
         started = time.perf_counter()
         out_of_time = budget.should_stop(cfg.eval.at_end)

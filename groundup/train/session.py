@@ -158,13 +158,15 @@ def open_run(cfg, out: str | Path, resume: bool = False, *, base: str | None = N
     out = Path(out)
     began = time.time()
     check_trackers(cfg.log.tensorboard, cfg.log.wandb)  # refused before the run directory is created
-    with training_session(cfg) as (d, stop), (writer_lock(out, LOCK_FILE, create=not resume) if d.is_main
+    with training_session(cfg, cfg.model if base is None else None) as (d, stop), (writer_lock(out, LOCK_FILE, create=not resume) if d.is_main
                                               else contextlib.nullcontext()):
         saved, model, base_dir = None, None, None
         if resume and not (out / RUN_CONFIG_FILE).is_file():
-            raise CheckpointError(f"{out}: no {RUN_CONFIG_FILE}, so not a run directory to resume")
+            raise CheckpointError(f"{out}: no {RUN_CONFIG_FILE}, so not a training run directory to resume")
         if not resume and is_run_dir(out):
-            raise DataError(f"{out} already holds a run: resume it with --resume {out} or choose another --out")
+            verb = getattr(cfg, "verb", "train")
+            raise DataError(f"{out} already holds a training run: resume it with 'groundup {verb} --resume {out}' "
+                            "or choose another --out")
         if base is None:  # pretraining: the shards name the tokenizer; the model is built from cfg.model
             cfg, tok, tok_dir = prepare_pretraining(cfg, out, resume, d.is_main)
         else:

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from groundup.tokens.loader import IGNORE_INDEX, Batch
-from groundup.train.config import StabilityConfig
+from groundup.train.config import PretrainStabilityConfig, StabilityConfig
 
 _MIX = np.uint64(0x9E3779B97F4A7C15)  # odd 64-bit constant: polynomial hashing mod 2**64
 
@@ -43,7 +43,7 @@ def repeated_ngram_fraction(rows: np.ndarray, n: int) -> np.ndarray:
     return 1.0 - distinct / count
 
 
-def gate_batch(batch: Batch, cfg: StabilityConfig) -> tuple[Batch, list[int]]:
+def gate_batch(batch: Batch, cfg: PretrainStabilityConfig) -> tuple[Batch, list[int]]:
     """The batch with over-repetitive rows' targets masked, and those rows' indices."""
     if cfg.max_repeat_fraction >= 1:
         return batch, []

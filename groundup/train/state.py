@@ -1,7 +1,7 @@
 """The training state: every field a run carries between steps, declared, and how it meets a checkpoint.
 
     state = build_state(cfg, dist, objective, loader, tokenizer=tok, run_dir=out)   # model from cfg.model
-    state = build_state(cfg, dist, objective, loader, model=base_model)            # or a model given (fine-tuning)
+    state = build_state(cfg, dist, objective, loader, model=base_model, lora=...)  # or a model given (fine-tuning)
     result = train_step(state)                                                     # step.py
     save_state(state, log); restore_state(state, load_checkpoint(path), note)
 
@@ -25,6 +25,7 @@ from torch import nn
 
 from groundup.interop.peft_format import read_adapter_state, save_adapter
 from groundup.model.lora import load_adapter_state
+from groundup.model.config import ModelConfig
 from groundup.model.sizing import check_fits
 from groundup.model.transformer import Transformer
 from groundup.train import checkpoint as ckpt
@@ -40,7 +41,9 @@ from groundup.train.stability import SpikeGuard
 
 @dataclass
 class TrainState:
-    cfg: Any  # the run's config: a TrainConfig or a post-training config built on it
+    cfg: Any  # the run's config: a TrainConfig or a post-training config (both hold the core's sections)
+    model_cfg: ModelConfig  # the trained model's config: cfg.model (pretraining) or the base model's
+    seq_len: int  # tokens per row, for FLOPs per token (a sampled row's longest, GRPO)
     dist: Dist  # which process this is, the device, DDP or FSDP2
     precision: Precision  # the fp32 master / compute split and the forward context
     model: nn.Module  # what forward and backward run on (wrapped by DDP, or sharded by FSDP2)
@@ -72,28 +75,30 @@ class TrainState:
 
 
 def build_state(cfg, dist: Dist, objective: Objective, loader, *, tokenizer=None, run_dir: str | Path | None = None,
-                model: nn.Module | None = None) -> TrainState:
+                model: nn.Module | None = None, lora=None, base: str | None = None) -> TrainState:
     """Model (from `cfg.model`, or `model` given in fp32), precision, wrapping, optimizers, schedule, guard.
 
     Every process builds the same initial weights (the seed is set first); dropout masks then differ
-    between processes. Only parameters that require gradients get optimizer state.
+    between processes. Only parameters that require gradients get optimizer state. `lora`: the LoraConfig
+    when only adapters train (checkpoints then hold the adapter alone, recording `base`).
     """
     d = dist
     fsdp = d.strategy == "fsdp"
+    model_cfg = model.cfg if model is not None else cfg.model
     # fp32 weights, gradients and two optimizer moments (+ bf16 compute weights and gradients).
-    check_fits(cfg.model, d.device, 16 + (4 if cfg.precision.mode == "bf16-weights" else 0),
+    check_fits(model_cfg, d.device, 16 + (4 if cfg.precision.mode == "bf16-weights" else 0),
                "weights, gradients and optimizer state", shards=d.processes if fsdp else 1)
     torch.manual_seed(cfg.train.seed)  # the same initial weights on every process
     meta = d.strategy == "fsdp" and cfg.distributed.meta_init and model is None
     if model is None:
         with torch.device("meta" if meta else d.device):
-            model = Transformer(cfg.model)
+            model = Transformer(model_cfg)
     else:
         model = model.to(d.device)
     model.grad_checkpointing = cfg.train.grad_checkpointing
     precision = Precision(cfg.precision, d.device, fsdp=d.strategy == "fsdp")
     compute = precision.setup(model)
-    wrapped = wrap(compute, d, precision.fsdp_policy(), find_unused=cfg.model.n_experts > 0)
+    wrapped = wrap(compute, d, precision.fsdp_policy(), find_unused=model_cfg.n_experts > 0)
     if meta:  # shards exist now: allocate and initialise them in place
         model.to_empty(device=d.device)
         model.reset_buffers()
@@ -105,7 +110,8 @@ def build_state(cfg, dist: Dist, objective: Objective, loader, *, tokenizer=None
             model.init_weights()
     step_model = torch.compile(wrapped) if cfg.train.compile else wrapped
     state = TrainState(
-        cfg=cfg, dist=d, precision=precision, model=wrapped, step_model=step_model,
+        cfg=cfg, model_cfg=model_cfg, seq_len=getattr(cfg.train, "seq_len", 0) or model_cfg.max_seq_len, dist=d,
+        precision=precision, model=wrapped, step_model=step_model, lora=lora, base=base,
         optimizers=build_optimizers(precision.master, cfg.optim), schedule=Schedule(cfg.schedule, cfg.train.max_steps),
         guard=SpikeGuard(cfg.stability), loader=loader, objective=objective, tokenizer=tokenizer,
         run_dir=Path(run_dir) if run_dir is not None else None,
@@ -155,7 +161,7 @@ def save_state(state: TrainState, metrics_offset: int, note: Callable[[str], Non
     path = None
     if d.is_main:
         trainer_state, meta = _trainer_and_meta(state, rngs, metrics_offset)
-        path = ckpt.save_checkpoint(state.run_dir, state.step, cfg, model_state, optim_state, loaders,
+        path = ckpt.save_checkpoint(state.run_dir, state.step, cfg, state.model_cfg, model_state, optim_state, loaders,
                                     trainer_state, meta)
         ckpt.rotate(state.run_dir, cfg.checkpoint.every, cfg.checkpoint.keep_last, cfg.checkpoint.keep_every)
     d.barrier()
@@ -185,7 +191,7 @@ def _save_sharded(state: TrainState, owner: nn.Module, metrics_offset: int) -> P
 
     def finish(tmp: Path, digests: dict, groups: dict) -> None:  # main process; a background thread if async
         model_state = dcp.consolidate(tmp, splits)
-        ckpt.finish_sharded(tmp, step, cfg, model_state, groups, loaders, trainer_state, meta, digests)
+        ckpt.finish_sharded(tmp, step, cfg, state.model_cfg, model_state, groups, loaders, trainer_state, meta, digests)
 
     def rotate() -> None:  # on the training thread, once the write is complete
         ckpt.rotate(run_dir, cfg.checkpoint.every, cfg.checkpoint.keep_last, cfg.checkpoint.keep_every)

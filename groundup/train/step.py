@@ -104,7 +104,7 @@ def train_step(state: TrainState, stop_requested: bool = False) -> StepResult:
 
 def _update_moe(state: TrainState) -> None:
     """Auxiliary-loss-free balancing: nudge each MoE layer's bias by the load of all processes."""
-    rate = state.cfg.model.moe_bias_update_rate
+    rate = state.model_cfg.moe_bias_update_rate
     for master, compute in zip(state.master_moe, state.compute_moe):
         load = state.dist.sum_tensor(compute.load.clone())
         master.update_bias(rate, load)
