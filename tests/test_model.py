@@ -7,6 +7,7 @@ import torch
 
 from conftest import VARIANTS, tiny_config
 from groundup.model import KVCache, Transformer
+from groundup.model.heads import Logits, NextTokenLoss
 
 
 def _model(**overrides) -> Transformer:
@@ -50,10 +51,10 @@ def test_last_only_prefill_gives_the_last_logits_and_the_same_cache(variant):
     nxt = torch.randint(0, 256, (2, 1))
     with torch.no_grad():
         full = model(tokens).logits
-        assert (model(tokens, last_only=True).logits[:, 0] - full[:, -1]).abs().max() <= 1e-5
+        assert (model(tokens, head=Logits(last_only=True)).logits[:, 0] - full[:, -1]).abs().max() <= 1e-5
         caches = [KVCache(cfg, batch_size=2, max_len=16, pad_lens=pad) for _ in range(2)]
         whole = model(tokens, cache=caches[0]).logits
-        last = model(tokens, cache=caches[1], last_only=True).logits
+        last = model(tokens, head=Logits(last_only=True), cache=caches[1]).logits
         assert last.shape[1] == 1 and (last[:, 0] - whole[:, -1]).abs().max() <= 1e-5
         steps = [model(nxt, cache=c).logits for c in caches]
     assert (steps[0] - steps[1]).abs().max() <= 1e-5
@@ -138,7 +139,7 @@ def test_fused_and_plain_loss_give_the_same_gradients(variant):
     model(tokens, targets).loss.backward()
     fused = {n: p.grad.clone() for n, p in model.named_parameters()}
     model.zero_grad()
-    model(tokens, targets, return_logits=True).loss.backward()
+    model(tokens, targets, NextTokenLoss(return_logits=True)).loss.backward()
     for name, p in model.named_parameters():
         assert (fused[name] - p.grad).abs().max() <= 1e-5, name
 

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from groundup.config import load_config
 from groundup.errors import DataError
+from groundup.model.heads import RewardScore
 from groundup.posttrain.config import RFTConfig, RMConfig
 from groundup.posttrain.pairs import read_pairs
 from groundup.posttrain.reward_model import RewardObjective, rm
@@ -55,7 +56,7 @@ def test_bradley_terry_loss_is_the_closed_form(root):
     for p in pairs:
         for completion in (p.chosen, p.rejected):
             ids = torch.tensor([p.prompt + completion])
-            rewards.append(model(ids, score="reward", reward_index=torch.tensor([ids.shape[1] - 1])).rewards[0])
+            rewards.append(model(ids, head=RewardScore(torch.tensor([ids.shape[1] - 1]))).rewards[0])
     chosen, rejected = torch.stack(rewards[0::2]), torch.stack(rewards[1::2])
     assert float(out.loss) == pytest.approx(float(-F.logsigmoid(chosen - rejected).mean()), rel=1e-5)
 
@@ -66,7 +67,7 @@ def test_language_modelling_term_is_the_chosen_completions_nll(root):
     nll, count = 0.0, 0
     for p in pairs:  # the reply's tokens predicted from the prompt and the reply so far (the prompt is not)
         ids = torch.tensor([p.prompt + p.chosen])
-        logits = model(ids, return_logits=True).logits[0, len(p.prompt) - 1 : -1]
+        logits = model(ids).logits[0, len(p.prompt) - 1 : -1]
         nll += float(F.cross_entropy(logits.float(), ids[0, len(p.prompt):], reduction="sum"))
         count += len(p.chosen)
     assert float(weighted.metrics["chosen_nll"]) == pytest.approx(nll / count, rel=1e-5)
@@ -91,9 +92,9 @@ def test_pair_ranking_benchmark_counts_what_each_model_prefers(root):
         scores = []
         for completion in (p.chosen, p.rejected):
             ids = torch.tensor([p.prompt + completion])
-            logits = lm(ids, return_logits=True).logits[0, len(p.prompt) - 1 : -1].float()
+            logits = lm(ids).logits[0, len(p.prompt) - 1 : -1].float()
             scores.append(-float(F.cross_entropy(logits, ids[0, len(p.prompt):], reduction="sum")))
-            scores.append(float(rm_model(ids, score="reward", reward_index=torch.tensor([ids.shape[1] - 1])).rewards[0]))
+            scores.append(float(rm_model(ids, head=RewardScore(torch.tensor([ids.shape[1] - 1]))).rewards[0]))
         right_lm += scores[0] > scores[2]
         right_rm += scores[1] > scores[3]
     lm_result, rm_result = rank_pairs(lm, tok, pairs, batch_size=7), rank_pairs(rm_model, tok, pairs, batch_size=7)
@@ -120,7 +121,7 @@ def test_reward_model_learns_the_preference_resumes_exactly_and_ranks_samples(ro
     conversation = [{"role": "system", "content": "Answer in one word."}, {"role": "user", "content": "Is 5 more than 2?"}]
     ids, _ = scorer.tok.render_chat(conversation + [{"role": "assistant", "content": "yes indeed"}])
     x, last = full_rows([ids], 0)
-    direct = float(scorer.model(x, score="reward", reward_index=last).rewards[0])
+    direct = float(scorer.model(x, head=RewardScore(last)).rewards[0])
     seen = []
     total, parts, error = score([Reward("rm", scorer), Reward("plain", lambda prompt, completion, **f: seen.append(f) or 0.0)],
                                 "Is 5 more than 2?", "yes indeed", {"answer": "yes"}, conversation)

@@ -16,7 +16,7 @@ context is lost) and says how many it dropped.
 Scoring: requests are scored in groups that share a prefix (an item's choices; by default requests
 with identical contexts). A group's longest common token prefix is prefilled once into a KV cache (a
 batch of groups together, left-padded); the cache is copied to one row per request, and each row's
-remaining tokens run against it, scored with `score="logprobs"` or `"stats"` (model/logprobs.py:
+remaining tokens run against it, scored with the TokenLogprobs or TokenStatistics head (model/heads.py:
 chunked; only continuation tokens are targets, and the context part of a prefix never reaches the
 output layer). Choices sharing a context cost the context once; Winogrande's two contexts share all
 but the option; continuations that start alike (PIQA) share those tokens' log-probabilities too.
@@ -32,6 +32,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from groundup.model.heads import Logits, TokenLogprobs, TokenStatistics
 from groundup.model.kv_cache import KVCache
 from groundup.model.loss import IGNORE_INDEX
 
@@ -132,9 +133,9 @@ def _scores(model, tokens: torch.Tensor, targets: torch.Tensor, cache: KVCache, 
     device = model.device
     tokens, targets = tokens.to(device), targets.to(device)
     if not greedy:  # log-probabilities alone: the cheaper of the two chunked scorers
-        lp = model(tokens, targets, cache=cache, score="logprobs").logprobs
+        lp = model(tokens, targets, TokenLogprobs(), cache=cache)
         return lp.double().sum(dim=1).cpu(), None  # float64: -1,500 is only representable to 1.2e-4 in float32
-    stats = model(tokens, targets, cache=cache, score="stats").stats
+    stats = model(tokens, targets, TokenStatistics(), cache=cache)
     flags = (stats.greedy | (targets == IGNORE_INDEX)).all(dim=1)
     return stats.logprobs.double().sum(dim=1).cpu(), flags.cpu()
 
@@ -204,7 +205,7 @@ def _prefill(model, encoded: Sequence[Encoded], groups: list[tuple[int, int, lis
                 targets[k, scored - shared:] = torch.tensor(seq[prefix - shared + 1: prefix + 1])
         cache = KVCache(cfg, len(part), width, device, dtype, pads if bool(pads.any()) else None)
         if width > scored:
-            model(ids[:, : width - scored].to(device), cache=cache, last_only=True)
+            model(ids[:, : width - scored].to(device), head=Logits(last_only=True), cache=cache)
         if scored:
             lp, flags = _scores(model, ids[:, width - scored:], targets, cache, greedy)
             shared_lp[s: s + len(part)] = lp
@@ -281,7 +282,7 @@ def score_requests(model, encoded: Sequence[Encoded], batch_size: int = 32, max_
     8 x batch_size): a span's prefixes are prefilled, `batch_size` groups per pass, then its
     requests run sorted by length, about `batch_size` rows of the span's mean length per pass (up to
     4x more of shorter ones), at most `max_tokens` rows x length (memory). `greedy=False` skips the
-    arg-max flags (Score.greedy is None), scoring with the cheaper `score="logprobs"`.
+    arg-max flags (Score.greedy is None), scoring with the cheaper TokenLogprobs head.
     `progress(n)` is called with the number of requests each pass finished."""
     if batch_size < 1:
         raise ValueError(f"batch_size = {batch_size}: expected at least 1")

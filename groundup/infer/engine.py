@@ -34,6 +34,7 @@ from groundup.infer.sampling import Sampler, SamplingConfig
 from groundup.infer.static_decode import StaticDecoder
 from groundup.infer.text_stream import TextStream
 from groundup.loading import load_for_inference
+from groundup.model.heads import Logits
 from groundup.model.kv_cache import KVCache
 from groundup.model.transformer import Transformer
 
@@ -233,7 +234,7 @@ class Generator:
             cache = KVCache(self.cfg, len(rows), longest + n_new, self.device, self.dtype, pad_lens)
             step = self._eager_step
         with torch.inference_mode():
-            logits = self.model(ids, cache=cache, last_only=True).logits[:, -1]
+            logits = self.model(ids, head=Logits(last_only=True), cache=cache).logits[:, -1]
             tokens = sampler(logits)
         for i in range(n_new):
             yield tokens.tolist(), sampler.scores(logits, tokens) if cfg.logprobs else None

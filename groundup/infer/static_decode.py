@@ -114,4 +114,4 @@ class DecodeStep(torch.nn.Module):
             x, _ = block(x, cos, sin, attn_mask, StaticLayerCache(a, b, seq_dim, pos, span))
         if model.norm is not None:
             x = model.norm(x)
-        return model._logits(x)[:, -1]
+        return model.logits(x)[:, -1]

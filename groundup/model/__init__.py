@@ -3,6 +3,6 @@
 from groundup.model.config import ModelConfig
 from groundup.model.kv_cache import KVCache
 from groundup.model.presets import PRESETS
-from groundup.model.transformer import ModelOutput, Transformer
+from groundup.model.transformer import Transformer
 
-__all__ = ["KVCache", "ModelConfig", "ModelOutput", "PRESETS", "Transformer"]
+__all__ = ["KVCache", "ModelConfig", "PRESETS", "Transformer"]

@@ -4,19 +4,19 @@
     model(tokens, head=Logits(last_only=True))                a prefill       -> LogitsOutput(logits (B, 1, V))
     model(tokens, targets)                                    NextTokenLoss() -> LossOutput(loss, ce_loss, ...)
     model(tokens, targets, head=TokenLogprobs(temperature=0.7))               -> (B, T) log p(target), differentiable
-    model(tokens, targets, head=TokenStatistics(top_k=5))                    -> TokenStats (model/logprobs.py)
-    model(tokens, head=Reward(index)); model(tokens, targets, head=Reward(index))  -> RewardOutput(rewards, logprobs)
+    model(tokens, targets, head=TokenStatistics(top_k=5))                    -> TokenStats (chunked_scores.py)
+    model(tokens, head=RewardScore(index)); model(tokens, targets, head=RewardScore(index))  -> RewardOutput(rewards, logprobs)
 
 The trunk (embedding, blocks, final norm) is the same for every head; the head then reads the final
 hidden state `x` (B, T, D) inside `forward`, so DDP, FSDP2 and torch.compile see an ordinary forward
 whatever is computed. The scoring heads never hold the (positions x vocabulary) logits: they go
-through the chunked scorer of logprobs.py, as the fused loss does. A new objective adds a head here,
+through the chunked scorer of chunked_scores.py, as the fused loss does. A new objective adds a head here,
 not a parameter to `Transformer.forward`.
 
 A head is called as `head(model, x, targets, aux)`: `model` gives the output layer (`output_weight`,
 `logits(x)`: a quantized model's own matmul) and the config; `aux` is the MoE balancing loss or None.
-`last_only = True` tells the trunk that only the last position's output is read (a prefill's last
-layer then runs its queries and MLP on one row).
+`last_only = True` (optional) tells the trunk that only the last position's output is read (a
+prefill's last layer then runs its queries and MLP on one row). Any such callable is a head.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from groundup.model.logprobs import TokenStats, chunked_logprobs, chunked_token_stats
+from groundup.model.chunked_scores import TokenStats, chunked_logprobs, chunked_token_stats
 from groundup.model.loss import IGNORE_INDEX, cross_entropy_with_z, fused_linear_cross_entropy
 
 
@@ -135,7 +135,7 @@ class TokenStatistics:
 
 
 @dataclass
-class Reward:
+class RewardScore:
     """A reward model's value head at `index` (B,): each row's last real token. With targets, also their
     log-probabilities from the same trunk pass (a reward model trained with a language-modelling term)."""
 
@@ -144,7 +144,7 @@ class Reward:
 
     def __call__(self, model, x, targets, aux) -> RewardOutput:
         if model.value_head is None:
-            raise ValueError("Reward needs a model with a value head (model.value_head = true)")
+            raise ValueError("RewardScore needs a model with a value head (model.value_head = true)")
         rows = torch.arange(x.shape[0], device=x.device)
         rewards = model.value_head(x[rows, self.index.to(x.device)]).squeeze(-1).float()
         lp = None if targets is None else TokenLogprobs()(model, x, targets, aux)

@@ -5,15 +5,15 @@
               residual connection and normalisation before (pre), after (post) or both (sandwich)
            -> final norm -> output projection (tied to the embedding or not) -> logits
 
-`forward(tokens, targets)` returns a ModelOutput. With targets it computes the mean cross-entropy
-(plus z-loss and MoE auxiliary loss) through the fused chunked loss and does not return logits
-unless asked; without targets it returns logits. With a KVCache it decodes incrementally.
+`forward(tokens, targets=None, head=None, *, cache, pad_lens, segments)` runs the trunk, then a head
+on the final hidden state (heads.py): with targets by default the mean cross-entropy (plus z-loss and
+the MoE balancing loss) through the fused chunked loss, without targets the logits; the scoring heads
+give token log-probabilities, token statistics or a reward. With a KVCache it decodes incrementally.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -23,25 +23,12 @@ from torch.utils.checkpoint import checkpoint
 from groundup.model.attention import Attention, AttnMask, build_mask
 from groundup.model.config import ModelConfig
 from groundup.model.kv_cache import KVCache
-from groundup.model.logprobs import TokenStats, chunked_logprobs, chunked_token_stats
-from groundup.model.loss import IGNORE_INDEX, cross_entropy_with_z, fused_linear_cross_entropy
+from groundup.model.heads import Logits, NextTokenLoss
 from groundup.model.mla import MLAttention
 from groundup.model.mlp import MLP
 from groundup.model.moe import MoE
 from groundup.model.norm import RMSNorm, make_norm
 from groundup.model.rope import rope_tables
-
-
-@dataclass
-class ModelOutput:
-    logits: torch.Tensor | None = None  # (B, T, V), float32
-    loss: torch.Tensor | None = None  # what to backpropagate: ce + z_loss_coef * z_loss + aux_loss
-    ce_loss: torch.Tensor | None = None  # detached, for logging
-    z_loss: torch.Tensor | None = None  # detached, unscaled mean log(Z)^2
-    aux_loss: torch.Tensor | None = None  # MoE load-balancing loss (already scaled by its coefficient)
-    logprobs: torch.Tensor | None = None  # (B, T) log p(target), with score="logprobs" (see logprobs.py)
-    stats: TokenStats | None = None  # with score="stats"
-    rewards: torch.Tensor | None = None  # (B,) with score="reward": the value head at `reward_index`
 
 
 class Block(nn.Module):
@@ -156,24 +143,19 @@ class Transformer(nn.Module):
 
     # ------------------------------------------------------------------ forward
 
-    def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None, *,
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None, head=None, *,
                 cache: KVCache | None = None, pad_lens: torch.Tensor | None = None,
-                return_logits: bool | None = None, last_only: bool = False, score: str | None = None,
-                top_k: int = 0, vocab_limit: int | None = None, segments: torch.Tensor | None = None,
-                reward_index: torch.Tensor | None = None, temperature: float = 1.0) -> ModelOutput:
-        """`last_only`: logits of the last position only (generation's prefill needs no others).
+                segments: torch.Tensor | None = None):
+        """The trunk on `tokens` (B, T), then `head` (heads.py) on the final hidden state; its result type is
+        the head's. Default head: NextTokenLoss() with `targets`, Logits() without.
 
-        `segments` (B, T): packed examples (fine-tuning); a token attends only within its segment and
-        RoPE positions restart at each segment's first token, so each example sees only itself.
-
-        `score="reward"` (a model with a value head): the head's scalar at each row's `reward_index`
-        (the last real token of a right-padded row); with targets, also their log-probabilities (one
-        trunk pass for a reward model trained with a language-modelling term).
-
-        `score` (with targets): "logprobs" returns the per-token log-probabilities of the targets
-        (differentiable), "stats" the `TokenStats` (no gradients, `top_k` most likely tokens below
-        `vocab_limit`), both chunked without materialising the logits; no loss is computed. "logprobs"
-        takes a `temperature`: log-probabilities under softmax(logits / temperature)."""
+        `cache`: a KVCache; decoding continues from the positions it holds (its rows' left padding
+        included). `pad_lens` (B,): left padding per row without a cache (position 0 is each row's first
+        real token). `segments` (B, T): packed examples (fine-tuning); a token attends only within its
+        segment and RoPE positions restart at each segment's first token, so each example sees only itself."""
+        if head is None:
+            head = NextTokenLoss() if targets is not None else Logits()
+        last_only = getattr(head, "last_only", False)  # any callable head(model, x, targets, aux) is a head
         B, T = tokens.shape
         cfg = self.cfg
         start = cache.prepare(T) if cache is not None else 0
@@ -214,62 +196,13 @@ class Transformer(nn.Module):
             x = x[:, -1:]
         if self.norm is not None:
             x = self.norm(x)
-        if score == "reward":
-            if self.value_head is None or reward_index is None:
-                raise ValueError("score='reward' needs a model with a value head and reward_index")
-            last = x[torch.arange(B, device=x.device), reward_index.to(x.device)]
-            rewards = self.value_head(last).squeeze(-1).float()
-            lp = None if targets is None else self._score(x, targets, "logprobs", 0, None).logprobs
-            return ModelOutput(rewards=rewards, logprobs=lp)
-        if score is not None:
-            return self._score(x, targets, score, top_k, vocab_limit, temperature)
-        return self._head(x, targets, aux_total, return_logits)
+        return head(self, x, targets, aux_total)
 
-    def _score(self, x, targets, score: str, top_k: int, vocab_limit: int | None,
-               temperature: float = 1.0) -> ModelOutput:
-        if targets is None:
-            raise ValueError("score= needs targets")
-        B, T, D = x.shape
-        flat_x, flat_t = x.reshape(-1, D), targets.reshape(-1)
-        cap, chunk = self.cfg.final_logit_softcap, self.cfg.loss_chunk_size or 2048
-        if score == "logprobs":
-            valid = flat_t != IGNORE_INDEX
-            if torch.compiler.is_compiling() or bool(valid.all()):
-                return ModelOutput(logprobs=chunked_logprobs(flat_x, self.output_weight, flat_t, cap, chunk,
-                                                             temperature).view(B, T))
-            # Only the scored positions reach the output layer (padding, prompts and a cached row's context
-            # never do): the (positions x vocabulary) product is the largest matmul of a small model.
-            idx = valid.nonzero().squeeze(1)
-            lp = chunked_logprobs(flat_x.index_select(0, idx), self.output_weight, flat_t.index_select(0, idx), cap,
-                                  chunk, temperature)
-            return ModelOutput(logprobs=lp.new_zeros(B * T).index_copy(0, idx, lp).view(B, T))
-        if score == "stats":
-            st = chunked_token_stats(flat_x, self.output_weight, flat_t, cap, chunk, top_k, vocab_limit)
-            shaped = {k: v.view(B, T, *v.shape[1:]) if v is not None else None for k, v in vars(st).items()}
-            return ModelOutput(stats=TokenStats(**shaped))
-        raise ValueError(f"score = {score!r}: expected 'logprobs' or 'stats'")
-
-    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """The output layer on hidden states: float32 logits, soft-capped as the config says."""
         logits = F.linear(x, self.output_weight).float()
         cap = self.cfg.final_logit_softcap
         return cap * torch.tanh(logits / cap) if cap else logits
-
-    def _head(self, x, targets, aux, return_logits) -> ModelOutput:
-        cfg = self.cfg
-        if targets is None:
-            return ModelOutput(logits=self._logits(x))
-        flat_x, flat_t = x.reshape(-1, x.shape[-1]), targets.reshape(-1)
-        logits = None
-        if cfg.loss_chunk_size and not return_logits:
-            loss, ce, z = fused_linear_cross_entropy(flat_x, self.output_weight, flat_t, cfg.z_loss_coef,
-                                                     cfg.final_logit_softcap, cfg.loss_chunk_size)
-        else:
-            logits = self._logits(x)
-            loss, ce, z = cross_entropy_with_z(logits.reshape(-1, logits.shape[-1]), flat_t, cfg.z_loss_coef)
-        if aux is not None:
-            loss = loss + aux
-        return ModelOutput(logits=logits, loss=loss, ce_loss=ce, z_loss=z,
-                           aux_loss=None if aux is None else aux.detach())
 
 
 def segment_positions(segments: torch.Tensor) -> torch.Tensor:

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from groundup.errors import DataError
 from groundup.io import atomic_write_json
 from groundup.layout import DATA_REPORT_FILE
+from groundup.model.heads import RewardScore
 from groundup.model.loss import IGNORE_INDEX
 from groundup.model.transformer import Transformer
 from groundup.posttrain.config import RMConfig
@@ -38,7 +39,7 @@ def pair_rewards(model, batch: PrefBatch, device, with_nll: bool = False):
     token, from the same pass."""
     B = len(batch.index)
     targets = batch.targets.to(device) if with_nll else None
-    out = model(batch.inputs.to(device), targets, score="reward", reward_index=batch.extra.to(device))
+    out = model(batch.inputs.to(device), targets, RewardScore(batch.extra.to(device)))
     r = out.rewards
     if not with_nll:
         return r[:B], r[B:]

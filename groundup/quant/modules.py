@@ -292,14 +292,14 @@ class QuantizedTransformer(Transformer):
         """Dequantize in place (dequantize_model): the model becomes a plain Transformer."""
         return dequantize_model(self)
 
-    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
         head = self.embed if self.lm_head is None else self.lm_head
         if isinstance(head, QuantEmbedding):
             logits = head.project(x).float()
         elif isinstance(head, QuantLinear):
             logits = head(x).float()
         else:
-            return super()._logits(x)
+            return super().logits(x)
         cap = self.cfg.final_logit_softcap
         return cap * torch.tanh(logits / cap) if cap else logits
 

@@ -13,6 +13,7 @@ import torch
 
 from groundup.errors import DataError
 from groundup.loading import load_for_inference
+from groundup.model.heads import RewardScore
 
 
 def full_rows(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -42,4 +43,4 @@ class RewardModelScorer:
         conversation = list(messages or [{"role": "user", "content": prompt}])
         full, _ = self.tok.render_chat(conversation + [{"role": "assistant", "content": completion}])
         x, last = full_rows([full], self.tok.eot_id)
-        return float(self.model(x.to(self.device), score="reward", reward_index=last.to(self.device)).rewards[0])
+        return float(self.model(x.to(self.device), head=RewardScore(last.to(self.device))).rewards[0])

@@ -42,6 +42,7 @@ import torch
 
 from groundup.infer.sampling import Sampler, SamplingConfig
 from groundup.infer.text_stream import TextStream
+from groundup.model.heads import Logits
 from groundup.model.kv_cache import KVCache
 from groundup.model.logprobs import token_stats
 from groundup.model.loss import IGNORE_INDEX
@@ -176,7 +177,7 @@ class Scheduler:
         with torch.inference_mode():
             kv = KVCache(self.cfg, 1, 2, self.device, self.dtype)
             self._select([0])
-            self.model(torch.full((1, 2), self.filler, dtype=torch.long, device=self.device), cache=kv, last_only=True)
+            self.model(torch.full((1, 2), self.filler, dtype=torch.long, device=self.device), head=Logits(last_only=True), cache=kv)
             self.cache.insert(kv, 0, 0, 2)
             self.model(torch.full((1, 1), self.filler, dtype=torch.long, device=self.device), cache=self.cache)
             self.cache.remove(0)
@@ -284,7 +285,7 @@ class Scheduler:
         pad_lens = torch.tensor(pads, device=self.device) if any(pads) else None
         kv = KVCache(self.cfg, len(group), longest, self.device, self.dtype, pad_lens)
         self._select([j.adapter for j in group])
-        logits = self.model(ids.to(self.device), cache=kv, last_only=True).logits[:, -1]
+        logits = self.model(ids.to(self.device), head=Logits(last_only=True), cache=kv).logits[:, -1]
         if self.metrics is not None:
             self.metrics.prompt_tokens(sum(len(j.prompt) for j in group))
         rows, source = [], []
