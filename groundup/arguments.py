@@ -13,6 +13,7 @@ Old spellings stay as aliases, so scripts written for them keep working. Nothing
 from __future__ import annotations
 
 import argparse
+import importlib
 from pathlib import Path
 
 from groundup.errors import ConfigError
@@ -68,11 +69,18 @@ def resolve_output(args: argparse.Namespace) -> tuple[Path, bool]:
     return Path(resume), True
 
 
-def add_config_arguments(p: argparse.ArgumentParser, config_class: type, example: str) -> None:
-    """--config FILE, --print-config and key=value overrides of `config_class` (the CLI prints its keys)."""
-    p.add_argument("--config", type=Path, default=None, help=f"TOML file of {config_class.__name__} keys")
+def add_config_arguments(p: argparse.ArgumentParser, config_class: str, example: str) -> None:
+    """--config FILE, --print-config and key=value overrides of `config_class`, named "module:Class" so that
+    `--help` imports nothing (the CLI imports it to print its keys)."""
+    p.add_argument("--config", type=Path, default=None, help=f"TOML file of {config_class.split(':')[-1]} keys")
     p.add_argument("--print-config", action="store_true",
                    help="print every key with its value and meaning as TOML (defaults, then --config and the "
                         "overrides), and exit; save it, edit it, pass it with --config")
     p.add_argument("overrides", nargs="*", help=f"key=value over the config, e.g. {example}")
     p.set_defaults(config_class=config_class)
+
+
+def config_class(args: argparse.Namespace) -> type:
+    """The class add_config_arguments named."""
+    module, _, name = args.config_class.partition(":")
+    return getattr(importlib.import_module(module), name)

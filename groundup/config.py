@@ -15,7 +15,11 @@ import argparse
 import copy
 import dataclasses
 import difflib
+import inspect
+import io
 import math
+import re
+import tokenize
 import tomllib
 import types
 import typing
@@ -29,9 +33,9 @@ T = TypeVar("T")
 
 __all__ = [
     "ConfigError",
-    "add_config_arguments",
     "apply_overrides",
     "config_diff",
+    "config_template",
     "config_to_dict",
     "did_you_mean",
     "fail",
@@ -269,13 +273,6 @@ def load_saved_config(cls: type[T], path: str | Path) -> T:
     return saved_config(cls, read_toml(path))
 
 
-def add_config_arguments(p: argparse.ArgumentParser, config: str, example: str) -> None:
-    """The flags every configurable verb shares: --config FILE, --quiet and trailing key=value overrides."""
-    p.add_argument("--config", type=Path, default=None, help=f"TOML file with {config} keys")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
-    p.add_argument("overrides", nargs="*", help=f"key=value over the config, e.g. {example}")
-
-
 def load_cli_config(cls: type[T], args: argparse.Namespace, **flags) -> T:
     """Defaults, then --config, then key=value arguments, then the dedicated flags that were given
     (`args.input`, when present, gives back the overrides argparse put into it)."""
@@ -363,3 +360,67 @@ def config_diff(a: Any, b: Any, prefix: str = "") -> list[str]:
         elif va != vb:
             out.append(f"{prefix}{key}: {va!r} -> {vb!r}")
     return out
+
+
+# --------------------------------------------------------------------- templates (--print-config)
+
+
+def field_comments(cls: type) -> dict[str, str]:
+    """Each field of a config dataclass (and its bases) -> the comment that explains it in the source: the
+    `# ...` after its declaration, else the comment lines right above it."""
+    out: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(klass) or klass is object:
+            continue
+        try:
+            lines, _ = inspect.getsourcelines(klass)
+        except (OSError, TypeError):
+            continue
+        above: list[str] = []
+        for line in lines[1:]:
+            text = line.strip()
+            if text.startswith("#"):
+                above.append(text.lstrip("#").strip())
+                continue
+            match = re.match(r"(\w+)\s*:", text)
+            if match and not text.startswith(("def ", "return", "@")):
+                name = match.group(1)
+                trailing = _trailing_comment(line)
+                if trailing or above:
+                    out[name] = trailing or " ".join(above)
+            above = []
+    return out
+
+
+def _trailing_comment(line: str) -> str:
+    """The comment after code on a line, skipping '#' inside string literals."""
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(line.strip() + "\n").readline))
+    except (tokenize.TokenError, IndentationError):
+        return ""
+    return next((t.string.lstrip("#").strip() for t in tokens if t.type == tokenize.COMMENT), "")
+
+
+def _own_docstring(cls: type) -> str:
+    doc = cls.__doc__ or ""
+    return "" if doc.startswith(cls.__name__ + "(") else doc.strip().split("\n")[0]  # dataclass's made-up doc
+
+
+def config_template(cfg: Any, table: str = "") -> str:
+    """`to_toml(cfg)` with each key's meaning as a comment: what `--print-config` prints."""
+    comments = field_comments(type(cfg))
+    lines, sections = [], []
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if dataclasses.is_dataclass(value):
+            sections.append((f.name, value))
+            continue
+        note = f"  # {comments[f.name]}" if f.name in comments else ""
+        text = f"# {_toml_key(f.name)} = none" if value is None else f"{_toml_key(f.name)} = {_toml_value(value)}"
+        lines.append(text + note)
+    about = _own_docstring(type(cfg))
+    out = ([f"# {about}"] if table and about and lines else []) + ([f"[{table}]"] if table and lines else []) + lines
+    for key, value in sections:
+        body = config_template(value, f"{table}.{key}" if table else key)
+        out.extend(([""] if out else []) + [body.rstrip("\n")])
+    return "\n".join(out) + "\n"

@@ -20,6 +20,26 @@ from typing import IO, Any, Iterable, Iterator
 from groundup.errors import DataError
 
 
+def _read_umask() -> int:
+    mask = os.umask(0)  # the only portable way to read it; set straight back
+    os.umask(mask)
+    return mask
+
+
+# Read once, at import (one thread): reading it means setting it for a moment, which a file created
+# meanwhile by another thread (an asynchronous checkpoint writer) would feel.
+UMASK = _read_umask()
+
+
+def follow_umask(path: str | Path) -> Path:
+    """Give a file or directory the permissions the user's umask gives a new one: mkdtemp (0700) and
+    safetensors' save_file (0600) create them private, so another user or a container could not read a
+    model, an adapter or a checkpoint written through them."""
+    path = Path(path)
+    os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~UMASK)
+    return path
+
+
 def _tmp_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.tmp-{os.getpid()}")
 
@@ -96,7 +116,7 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    tmp = follow_umask(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
     try:
         yield tmp
         if path.exists():

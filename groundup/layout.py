@@ -1,6 +1,6 @@
 """Where everything lives on disk: the one module that names run, checkpoint, model and tokenizer files.
 
-    MODEL/                          a model directory (what --checkpoint, --base and import/merge --out mean)
+    MODEL/                          a model directory (what --model and import/merge-lora --out mean)
         model.safetensors           every persistent tensor, no pickle
         model.toml                  the ModelConfig
         tokenizer/                  the tokenizer the model reads (optional beside a run's checkpoint)
@@ -190,7 +190,7 @@ def find_intact_checkpoint(run_dir: str | Path, note: Callable[[str], None] = pr
 
 
 def resolve_model_dir(path: str | Path, note: Callable[[str], None] = print) -> Path:
-    """The model directory behind what a user passes as `--checkpoint` (or `--base`).
+    """The model directory behind what a user passes as `--model` (also spelled `--checkpoint` or `--base`).
 
     A model directory (model.safetensors + model.toml) or an adapter directory, one checkpoint step directory (verified
     against its meta.json: a corrupt one is refused), or a training run directory, whose newest

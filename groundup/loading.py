@@ -34,11 +34,11 @@ def load_for_inference(path: str | Path, device: str | torch.device = "cpu", dty
     adapter_dir = resolve_model_dir(adapter) if adapter is not None else None
     if is_adapter_dir(model_dir):  # a LoRA run or adapter given as the model: load the base it was trained on
         if adapter_dir is not None:
-            raise ConfigError(f"{path} is an adapter itself; pass the base model with --checkpoint", key="adapter")
+            raise ConfigError(f"{path} is an adapter itself; pass the base model with --model", key="adapter")
         adapter_dir, base = model_dir, adapter_config(model_dir)[1].get("base")
         if not base:
             raise CheckpointError(f"{model_dir}: an adapter that does not name its base model; pass the base with "
-                                  "--checkpoint and this directory with --adapter")
+                                  "--model and this directory with --adapter")
         model_dir = resolve_model_dir(base)
     if adapter_dir is not None and not is_adapter_dir(adapter_dir):
         raise CheckpointError(f"{adapter}: not a LoRA adapter (no adapter_model.safetensors)")

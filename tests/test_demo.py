@@ -112,7 +112,7 @@ def test_a_second_run_reuses_finished_stages(demo_dir, capsys):
     assert serve[:2] == ["groundup", "serve"]
     parser = argparse.ArgumentParser()
     serve_arguments(parser)
-    assert parser.parse_args(serve[2:]).checkpoint == str(demo_dir / "models" / "aligned-int8")
+    assert parser.parse_args(serve[2:]).model == str(demo_dir / "models" / "aligned-int8")
 
 
 def test_the_demo_models_work_with_generate(demo_dir, capsys):

@@ -30,7 +30,7 @@ def test_cli_trains_tiny_and_writes_the_run_directory(shards, tmp_path):
                   "eval.max_batches=2", "log.every=5", "--quiet")
     assert "40 steps" in out.stdout and "val bpb" in out.stdout
     steps, events = metrics(run)
-    assert [s["step"] for s in steps] == [5, 10, 15, 20, 25, 30, 35, 40]
+    assert [s["step"] for s in steps] == [1, 5, 10, 15, 20, 25, 30, 35, 40]  # the first step, then every 5
     assert all(STEP_KEYS <= set(s) for s in steps)
     assert steps[-1]["loss"] < steps[0]["loss"] - 0.5  # it learns
     assert steps[-1]["tokens"] == 40 * 4 * 64

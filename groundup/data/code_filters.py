@@ -51,7 +51,7 @@ def code(text: str, record: dict, cfg: CodeFilterConfig) -> str | None:
         return "low_alnum_fraction"
     if cfg.drop_generated and cfg.generated_markers:
         head = "\n".join(lines[: cfg.marker_lines]).lower()
-        if any(marker in head for marker in cfg.generated_markers):
+        if any(marker.lower() in head for marker in cfg.generated_markers):
             return "generated_marker"
     entropy = byte_entropy(text.encode("utf-8", errors="surrogatepass"))
     if entropy < cfg.min_byte_entropy:

@@ -5,17 +5,18 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from groundup.arguments import add_config_arguments, add_progress_argument
+
 
 def curate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input", required=True, nargs="+", type=Path, metavar="PATH",
                    help=".txt/.md/.jsonl(.gz/.zst)/.parquet files or directories (source code by extension)")
     p.add_argument("--out", required=True, type=Path, help="output directory: shards/, report.json, report.md")
-    p.add_argument("--config", type=Path, default=None, help="TOML file over the defaults (see CurateConfig)")
     p.add_argument("--workers", type=int, default=None,
                    help="processes curating shards in parallel (workers=; --executor local)")
     executor_arguments(p)
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("overrides", nargs="*", metavar="section.key=value", help="settings over the config file")
+    add_progress_argument(p)
+    add_config_arguments(p, "groundup.data.curate_config:CurateConfig", "dedup.minhash.threshold=0.7")
 
 
 def executor_arguments(p: argparse.ArgumentParser) -> None:
@@ -37,7 +38,7 @@ def curate(args: argparse.Namespace) -> None:
     inputs, moved = inputs_and_overrides(args.input)
     overrides = moved + list(args.overrides) + ([f"workers={args.workers}"] if args.workers is not None else [])
     cfg = load_config(CurateConfig, args.config, overrides)
-    report = run(inputs, args.out, cfg, progress=not args.no_progress, executor=args.executor, address=args.address)
+    report = run(inputs, args.out, cfg, progress=not args.quiet, executor=args.executor, address=args.address)
     t, tm = report["totals"], report["timing"]
     print(f"{t['docs_in']:,} documents ({t['bytes_in'] / 1e6:.1f} MB) in, {t['docs_kept']:,} kept, "
           f"{t['docs_out']:,} ({t['bytes_out'] / 1e6:.1f} MB) written in {tm['total_s']:.1f} s")

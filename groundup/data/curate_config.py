@@ -58,27 +58,31 @@ class NormalizeConfig:
 class GopherQualityConfig:
     """Rae et al. 2021 (Gopher), Table A1; the same rules and tokenisation as datatrove."""
 
-    min_doc_words: int = 50
-    max_doc_words: int = 100_000
-    min_avg_word_length: float = 3.0
-    max_avg_word_length: float = 10.0
+    min_doc_words: int = 50  # fewest words (punctuation-only words not counted); 0 = off
+    max_doc_words: int = 100_000  # most words, counted the same way; 0 = off
+    min_avg_word_length: float = 3.0  # lowest mean word length in characters; 0 = off
+    max_avg_word_length: float = 10.0  # highest mean word length in characters; 0 = off
     max_symbol_word_ratio: float = 0.1  # "#" and "..." each, per word
-    max_bullet_lines_ratio: float = 0.9
-    max_ellipsis_lines_ratio: float = 0.3
+    max_bullet_lines_ratio: float = 0.9  # max share of lines that start with a bullet ("•" or "-"); 0 = off
+    max_ellipsis_lines_ratio: float = 0.3  # max share of lines that end in "..." or "…"; 0 = off
     min_alpha_words_ratio: float = 0.8  # words with at least one letter
-    min_stop_words: int = 2
+    min_stop_words: int = 2  # fewest different words of stop_words a document must contain; 0 = off
+    # the words min_stop_words counts (matched as whole words, case-sensitive)
     stop_words: list[str] = field(default_factory=lambda: ["the", "be", "to", "of", "and", "that", "have", "with"])
 
 
 @dataclass
 class GopherRepetitionConfig:
-    dup_line_frac: float = 0.30
-    dup_para_frac: float = 0.30
-    dup_line_char_frac: float = 0.20
-    dup_para_char_frac: float = 0.20
-    top_ngram_sizes: list[int] = field(default_factory=lambda: [2, 3, 4])
+    dup_line_frac: float = 0.30  # max share of lines that repeat an earlier line; 0 = off
+    dup_para_frac: float = 0.30  # max share of paragraphs (blank-line separated) repeating an earlier one; 0 = off
+    dup_line_char_frac: float = 0.20  # max share of the characters in repeated lines; 0 = off
+    dup_para_char_frac: float = 0.20  # max share of the characters in repeated paragraphs; 0 = off
+    top_ngram_sizes: list[int] = field(default_factory=lambda: [2, 3, 4])  # word n-gram sizes of the top-n-gram rule
+    # per size: max share of the characters the most frequent n-gram covers (all its occurrences)
     top_ngram_fracs: list[float] = field(default_factory=lambda: [0.20, 0.18, 0.16])
+    # word n-gram sizes of the duplicated-n-gram rule
     dup_ngram_sizes: list[int] = field(default_factory=lambda: [5, 6, 7, 8, 9, 10])
+    # per size: max share of the characters in n-grams that repeat an earlier one (overlaps counted once)
     dup_ngram_fracs: list[float] = field(default_factory=lambda: [0.15, 0.14, 0.13, 0.12, 0.11, 0.10])
 
     def validate(self) -> None:
@@ -92,15 +96,15 @@ class GopherRepetitionConfig:
 class C4Config:
     """Raffel et al. 2020 (C4): keeps only lines that look like sentences; can drop the page."""
 
-    min_words_per_line: int = 3
-    min_sentences: int = 5
-    max_word_length: int = 1000
-    terminal_punctuation: bool = True
-    remove_citations: bool = True
-    lorem_ipsum: bool = True
-    javascript: bool = True
-    curly_bracket: bool = True
-    policy: bool = True
+    min_words_per_line: int = 3  # drop lines with fewer words
+    min_sentences: int = 5  # drop the page when its kept lines hold fewer sentences
+    max_word_length: int = 1000  # drop lines with a longer word (characters); -1 = off
+    terminal_punctuation: bool = True  # keep only lines ending in . ? ! " or ' (not "...")
+    remove_citations: bool = True  # strip [1], [edit] and [citation needed] markers from lines
+    lorem_ipsum: bool = True  # drop the page if a line otherwise kept contains "lorem ipsum"
+    javascript: bool = True  # drop lines that mention "javascript"
+    curly_bracket: bool = True  # drop the page if a line otherwise kept contains "{"
+    policy: bool = True  # drop lines about terms of use, privacy or cookie policies
 
 
 @dataclass
@@ -108,16 +112,16 @@ class FineWebConfig:
     """Penedo et al. 2024 (FineWeb) quality rules, as datatrove's FineWebQualityFilter."""
 
     line_punct_thr: float = 0.12  # at least this fraction of lines end in terminal punctuation
-    line_punct_exclude_zero: bool = False
+    line_punct_exclude_zero: bool = False  # let a document with no line ending in punctuation pass line_punct_thr
     short_line_thr: float = 0.67  # at most this fraction of lines are short
-    short_line_length: int = 30
+    short_line_length: int = 30  # a line of at most this many characters is short
     char_duplicates_ratio: float = 0.01  # characters in duplicated lines / all characters
     new_line_ratio: float = 0.3  # newlines per word
 
 
 @dataclass
 class NgramRepetitionConfig:
-    n: int = 5
+    n: int = 5  # word n-gram length (punctuation-only words left out)
     max_repeated_fraction: float = 0.15  # word n-grams that already occurred earlier in the document
 
 
@@ -125,15 +129,16 @@ class NgramRepetitionConfig:
 class CodeFilterConfig:
     """The Stack / StarCoder style rules; `drop_*` act on what the reader recognised by path."""
 
-    max_line_length: int = 1000
-    max_mean_line_length: float = 100.0
-    min_alnum_fraction: float = 0.25
+    max_line_length: int = 1000  # drop files with a longer line (characters)
+    max_mean_line_length: float = 100.0  # drop files whose mean line length (characters) is above this
+    min_alnum_fraction: float = 0.25  # drop files with a smaller share of letters and digits
     min_byte_entropy: float = 2.5  # bits per byte: below is a repeated pattern or padding
     max_byte_entropy: float = 6.0  # above is base64, compressed or random data, not code
-    min_chars: int = 20
-    drop_vendored: bool = True
-    drop_generated: bool = True
-    drop_minified: bool = True
+    min_chars: int = 20  # drop shorter files (characters)
+    drop_vendored: bool = True  # drop files under vendor/, third_party/, node_modules/ and the like
+    drop_generated: bool = True  # drop generated files: by path (e.g. _pb2.py) or by generated_markers
+    drop_minified: bool = True  # drop minified files (by path: .min.js, .bundle.js, ...)
+    # phrases that mark a generated file (with drop_generated), matched in any case
     generated_markers: list[str] = field(default_factory=lambda: [
         "auto-generated", "autogenerated", "automatically generated", "generated by", "do not edit",
         "code generated"])
@@ -142,31 +147,32 @@ class CodeFilterConfig:
 
 @dataclass
 class MathFilterConfig:
-    min_chars: int = 20
-    max_chars: int = 200_000
+    min_chars: int = 20  # drop shorter documents (characters)
+    max_chars: int = 200_000  # drop longer documents (characters)
     min_digit_fraction: float = 0.01  # a math document has numbers in it
     max_symbol_fraction: float = 0.5  # characters neither letter, digit nor space
-    max_line_length: int = 2000
+    max_line_length: int = 2000  # drop documents with a longer line (characters)
     require_pattern: str = ""  # a regex each document must match, e.g. "Answer:"
 
 
 @dataclass
 class PIIConfig:
-    enabled: bool = True
-    email: bool = True
-    ip: bool = True
-    phone: bool = True
+    enabled: bool = True  # replace personal data in the documents of `domains` with placeholders
+    email: bool = True  # redact e-mail addresses
+    ip: bool = True  # redact IPv4 and IPv6 addresses
+    phone: bool = True  # redact phone numbers (North American forms, or + and a country code)
     public_ips_only: bool = True  # 127.0.0.1 or 192.168.0.1 identify nobody (as datatrove)
-    domains: list[str] = field(default_factory=lambda: ["text", "code", "math"])
-    email_placeholder: str = "<EMAIL>"
-    ip_placeholder: str = "<IP_ADDRESS>"
-    phone_placeholder: str = "<PHONE>"
+    domains: list[str] = field(default_factory=lambda: ["text", "code", "math"])  # domains that are redacted
+    email_placeholder: str = "<EMAIL>"  # what replaces an e-mail address
+    ip_placeholder: str = "<IP_ADDRESS>"  # what replaces an IP address
+    phone_placeholder: str = "<PHONE>"  # what replaces a phone number
 
 
 @dataclass
 class URLFilterConfig:
-    enabled: bool = True
+    enabled: bool = True  # drop documents whose `url` field is blocked (documents without one pass)
     blocked_domains: list[str] = field(default_factory=list)  # a domain blocks its subdomains too
+    # a URL with one of these as a whole word (a run of letters and digits) is blocked ...
     blocked_words: list[str] = field(default_factory=lambda: ["porn", "xxx", "casino", "viagra", "escort"])
     soft_words_min: int = 2  # ... or at least this many different blocked words anywhere in the URL
 
@@ -174,7 +180,7 @@ class URLFilterConfig:
 @dataclass
 class ClassifierConfig:
     model: str | None = None  # a file written by `groundup data train-classifier`; none: off
-    domains: list[str] = field(default_factory=lambda: ["text"])
+    domains: list[str] = field(default_factory=lambda: ["text"])  # domains the classifier scores and filters
     threshold: float = 0.5  # keep documents whose score is at least this
     top_fraction: float | None = None  # or keep this fraction of best-scored documents per domain
 
@@ -185,20 +191,20 @@ class ClassifierConfig:
 
 @dataclass
 class ExactDedupConfig:
-    enabled: bool = True
+    enabled: bool = True  # drop documents whose text (outer whitespace stripped) repeats an earlier one's
 
 
 @dataclass
 class MinHashConfig:
-    enabled: bool = True
+    enabled: bool = True  # drop near-duplicates of earlier documents (MinHash LSH) in `domains`
     ngram: int = 5  # word n-gram shingles
-    bands: int = 14
+    bands: int = 14  # LSH bands of `rows` hashes each; documents equal in any whole band are near-duplicates
     rows: int = 8  # 14 x 8 as datatrove: pairs at Jaccard 0.8 collide with probability 0.92+
-    seed: int = 1
+    seed: int = 1  # of the hash permutations
     memory_mb: int = 256  # band keys are bucketed so that one pass holds at most about this much
     # Templated math problems that differ only in their numbers share most word 5-grams, yet each
     # is a different exercise: near-duplicate removal would delete most of a generated math set.
-    domains: list[str] = field(default_factory=lambda: ["text", "code"])
+    domains: list[str] = field(default_factory=lambda: ["text", "code"])  # domains near-duplicates are removed from
 
     def validate(self) -> None:
         for key in ("ngram", "bands", "rows", "memory_mb"):
@@ -246,13 +252,13 @@ class MixingConfig:
 
 @dataclass
 class OutputConfig:
-    format: Literal["parquet", "jsonl"] = "parquet"
+    format: Literal["parquet", "jsonl"] = "parquet"  # file format of the output shards
     shard_docs: int = 20_000  # a shard closes at this many documents ...
     shard_bytes: int = 64 << 20  # ... or this many bytes of text, whichever comes first
-    compression: Literal["zstd", "snappy", "gzip", "none"] = "zstd"
+    compression: Literal["zstd", "snappy", "gzip", "none"] = "zstd"  # Parquet codec; JSONL is never compressed
     shuffle: bool = True  # shuffle rows within each output shard (seeded), so repeats are spread
     examples: int = 5  # removed documents shown per filter in the report
-    snippet_chars: int = 300
+    snippet_chars: int = 300  # characters of each removed document shown in the report
     # Per shard and domain, this many documents also go through every filter NOT configured for
     # their domain, without effect, so the report shows what a filter would do if applied blindly.
     audit_docs: int = 20
@@ -264,9 +270,9 @@ class OutputConfig:
 
 @dataclass
 class CurateConfig:
-    seed: int = 0
-    workers: int = 1
-    filters: dict[str, list[str]] = field(default_factory=_default_filters)
+    seed: int = 0  # of the order mixing picks extra copies in, and of the output shuffle
+    workers: int = 1  # processes that curate shards in parallel on this machine (--workers)
+    filters: dict[str, list[str]] = field(default_factory=_default_filters)  # domain -> the filters that judge it
     read: ReadConfig = field(default_factory=ReadConfig)
     normalize: NormalizeConfig = field(default_factory=NormalizeConfig)
     gopher_quality: GopherQualityConfig = field(default_factory=GopherQualityConfig)

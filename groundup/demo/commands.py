@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from groundup.arguments import add_config_arguments
+
 
 def demo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, default=Path("groundup-demo"), help="output directory (groundup-demo)")
     p.add_argument("--budget-minutes", type=float, default=None, help="end-to-end time budget (15)")
     p.add_argument("--fresh", action="store_true", help="rerun every stage instead of reusing finished ones")
-    p.add_argument("--config", type=Path, default=None, help="TOML file of DemoConfig sections")
-    p.add_argument("overrides", nargs="*", help="section.key=value, e.g. pretrain.optim.name=muon")
+    add_config_arguments(p, "groundup.demo.config:DemoConfig", "pretrain.optim.name=muon")
 
 
 def demo(args: argparse.Namespace) -> None:

@@ -56,10 +56,11 @@ def _curate() -> CurateConfig:
 
 @dataclass
 class SampleConfig:
-    max_new_tokens: int = 96
-    temperature: float = 0.7
-    top_k: int = 40
-    seed: int = 0
+    max_new_tokens: int = 96  # tokens the base model generates per prompt (OUT/samples.json)
+    temperature: float = 0.7  # sampling temperature; 0 = greedy
+    top_k: int = 40  # sample from the k most likely tokens only; 0 = off
+    seed: int = 0  # of the sampling
+    # domain -> prompts the base model continues
     prompts: dict[str, list[str]] = field(default_factory=lambda: {
         "text": ["ROMEO.\nO, she doth teach the torches to burn bright!\n", "HAMLET.\nTo be, or not to be,",
                  "KING.\n"],
@@ -110,9 +111,9 @@ class PairsConfig:
     """`groundup data pairs` for DPO: the SFT model's own samples ranked by exact match."""
 
     prompts: int = 400  # held-in chat-math prompts sampled (at a 15-minute budget)
-    samples: int = 4
-    temperature: float = 1.0
-    max_new_tokens: int = 48
+    samples: int = 4  # completions sampled per prompt (a pair needs two)
+    temperature: float = 1.0  # sampling temperature
+    max_new_tokens: int = 48  # longest sampled completion, in tokens
 
 
 @dataclass
@@ -120,9 +121,9 @@ class BudgetShares:
     """How the training time is split (docs/demo-recipe.md: what each minute bought); evaluation,
     quantization and the report get what their measured cost needs first."""
 
-    pretrain: float = 0.7
-    sft: float = 0.15
-    align: float = 0.15
+    pretrain: float = 0.7  # relative weight of pretraining in the training time (the shares need not sum to 1)
+    sft: float = 0.15  # relative weight of SFT
+    align: float = 0.15  # relative weight of alignment (GRPO or DPO)
     evaluation: float = 0.12  # set aside for the four report-card rows until the first one is measured
 
     def validate(self) -> None:
@@ -136,7 +137,7 @@ class BudgetShares:
 @dataclass
 class DemoConfig:
     budget_minutes: float = 15.0  # end to end, data and tokenizer included
-    seed: int = 0
+    seed: int = 0  # of the generated math problems and conversations, and of the DPO pairs' sampling
     chunk_chars: int = 4000  # Shakespeare's plays and long modules split at paragraph breaks
     math_count: int = 20_000  # generated problems for pretraining
     chat_math_count: int = 20_000  # generated arithmetic conversations for SFT and alignment

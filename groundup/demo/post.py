@@ -197,7 +197,7 @@ class PostStages:
 
         def run() -> str:
             self._fresh(dest)
-            self.demo.verb("quantize", "--checkpoint", o / "models" / "aligned", "--method", "int8", "--out", dest)
+            self.demo.verb("quantize", "--model", o / "models" / "aligned", "--method", "int8", "--out", dest)
             return str(dest)
 
         self.runner.run("quantize", "int8 weight-only quantization", [], [dest], run)

@@ -216,8 +216,8 @@ class Demo:
         served = post.served_model()
         print(f"\n{path} written; stages took {total / 60:.1f} min of the {self.cfg.budget_minutes:g}-minute budget "
               f"({self.runner.elapsed() / 60:.1f} min in this run).\n"
-              f"Chat with it: groundup chat --checkpoint {served}\n"
-              f"Serve it:     groundup serve --checkpoint {served} --port 8000", file=sys.stderr)
+              f"Chat with it: groundup chat --model {served}\n"
+              f"Serve it:     groundup serve --model {served} --port 8000", file=sys.stderr)
         return path
 
 

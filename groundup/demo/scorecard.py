@@ -40,10 +40,10 @@ from groundup.posttrain.chat_eval import chat_metrics, chat_replies, native_math
 class ScorecardConfig:
     math_problems: int = 200  # held-out arithmetic conversations (at a 15-minute budget)
     chats_per_domain: int = 25  # held-out code and text conversations (end of turn)
-    max_new_tokens: int = 64
-    mc_tasks: str = "arc_easy,piqa,hellaswag,winogrande,openbookqa"
+    max_new_tokens: int = 64  # longest greedy reply, in tokens; conversations with longer references are not picked
+    mc_tasks: str = "arc_easy,piqa,hellaswag,winogrande,openbookqa"  # multiple-choice eval tasks, comma-separated
     mc_items: int = 100  # per task (at a 15-minute budget)
-    decode_tokens: int = 64
+    decode_tokens: int = 64  # tokens generated greedily to measure decoding speed (tokens/s)
     bpb_batches: int = 32  # validation batches of 8 x context tokens per domain (at a 15-minute budget)
     conversations: int = 2  # sample conversations kept per domain (shown before and after alignment)
 

@@ -1,8 +1,8 @@
 """`groundup eval` and `groundup eval contamination`: the evaluation harness behind two commands.
 
-    groundup eval --checkpoint out/model --tasks core --limit 200 --out eval/
-    groundup eval --checkpoint out/model --tasks gsm8k,humaneval --samples 10 --k 1,10
-    groundup eval --checkpoint out/model --bpb out/tokens heldout.jsonl
+    groundup eval --model out/model --tasks core --limit 200 --out eval/
+    groundup eval --model out/model --tasks gsm8k,humaneval --samples 10 --k 1,10
+    groundup eval --model out/model --bpb out/tokens heldout.jsonl
     groundup eval contamination --data out/curated --tasks core,gsm8k --out contam/
     groundup eval contamination --model out/model --tasks arc_easy --reference shuffled
 
@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+from groundup.arguments import add_loading_arguments, add_model_argument, add_progress_argument
 from groundup.errors import ConfigError, DataError
 
 
@@ -32,11 +33,8 @@ def _ks(text: str) -> tuple[int, ...]:
 
 
 def _model_arguments(p: argparse.ArgumentParser, required: bool) -> None:
-    p.add_argument("--checkpoint", "--model", dest="checkpoint", required=required,
-                   help="a model directory, checkpoint or training run (anything `groundup generate` loads)")
-    p.add_argument("--tokenizer", default=None, help="tokenizer directory (default: found beside the checkpoint)")
-    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default: cpu)")
-    p.add_argument("--dtype", default="float32", help="float32 or bfloat16 (default: float32)")
+    add_model_argument(p, required=required)
+    add_loading_arguments(p)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
 
 
@@ -44,7 +42,7 @@ def _out_arguments(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument("--out", type=Path, default=None, help=f"directory for {what} (default: print only)")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
     p.add_argument("--json", action="store_true", help="print the results as one JSON object instead of a table")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_progress_argument(p)
 
 
 def evaluate_arguments(p: argparse.ArgumentParser) -> None:
@@ -96,7 +94,7 @@ def _load(args):
         if args.threads < 1:
             raise ConfigError(f"--threads {args.threads}: expected a positive integer", key="threads")
         torch.set_num_threads(args.threads)
-    return load_for_inference(args.checkpoint, args.device, args.dtype, args.tokenizer)
+    return load_for_inference(args.model, args.device, args.dtype, args.tokenizer, adapter=args.adapter)
 
 
 def model_info(path, model, tokenizer, device: str, dtype: str) -> dict:
@@ -164,13 +162,13 @@ def evaluate(args: argparse.Namespace) -> int:
         if not Path(path).exists():
             raise DataError(f"--bpb {path}: no such file or directory")
     if args.out is not None:
-        check_out_dir(args.out, args.overwrite, sources=[args.checkpoint])
+        check_out_dir(args.out, args.overwrite, sources=[args.model])
     tasks = _resolve(args.tasks)
     started = time.perf_counter()
     model, tok = _load(args)
     results: dict = {"version": 1, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                      "command": ["groundup", "eval", *sys.argv[2:]] if sys.argv[1:2] == ["eval"] else None,
-                     "model": model_info(args.checkpoint, model, tok, args.device, args.dtype)}
+                     "model": model_info(args.model, model, tok, args.device, args.dtype)}
 
     def done(r: dict) -> None:
         main = ", ".join(f"{m} {v['value']:.4f}" for m, v in r["metrics"].items()
@@ -179,7 +177,7 @@ def evaluate(args: argparse.Namespace) -> int:
                                                                        if r["truncated"] else "")
         print(f"{r['name']}: {main} ({r['items']} items, {r['seconds']:.1f}s{extra})", file=sys.stderr)
 
-    out = run(model, tok, tasks, settings, progress=not args.no_progress, on_task=done) if tasks else \
+    out = run(model, tok, tasks, settings, progress=not args.quiet, on_task=done) if tasks else \
         {"tasks": {}, "records": {}, "aggregate": None, "settings": settings.__dict__}
     records = out.pop("records")
     for r in out["tasks"].values():  # each task's numbers name the weights and tokenizer they came from
@@ -221,7 +219,7 @@ def contamination(args: argparse.Namespace) -> int:
     from groundup.data.decontaminate import task_texts
     from groundup.io import check_out_dir
 
-    if not args.data and not args.checkpoint:
+    if not args.data and not args.model:
         raise ConfigError("nothing to check: pass --data PATH (training data) and/or --model M (membership scores)",
                           key="data")
     if args.ngram < 1:
@@ -232,7 +230,7 @@ def contamination(args: argparse.Namespace) -> int:
         if not Path(path).exists():
             raise DataError(f"--data {path}: no such file or directory")
     if args.out is not None:
-        check_out_dir(args.out, args.overwrite, sources=[*args.data, *([args.checkpoint] if args.checkpoint else [])])
+        check_out_dir(args.out, args.overwrite, sources=[*args.data, *([args.model] if args.model else [])])
     _resolve(args.tasks)
     started = time.perf_counter()
     results: dict = {"version": 1, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
@@ -243,19 +241,19 @@ def contamination(args: argparse.Namespace) -> int:
 
         from groundup.eval.contamination import contamination as run, render_contamination
 
-        with tqdm(desc="training documents", unit=" docs", disable=args.no_progress, leave=False) as bar:
+        with tqdm(desc="training documents", unit=" docs", disable=args.quiet, leave=False) as bar:
             report = run(args.data, args.tasks, limit=args.limit, tokenizer=args.data_tokenizer, ngram=args.ngram,
                          max_ids=args.max_ids, progress=bar.update)
         records = report.pop("records")
         results["contamination"] = report
         lines.append(render_contamination(report))
-    if args.checkpoint:
+    if args.model:
         from groundup.eval.membership import membership
 
         model, tok = _load(args)
         texts = {name: item_texts for name, _, item_texts in task_texts(args.tasks, args.limit)}
         found = membership(model, tok, texts, reference=args.reference, k=args.min_k, batch_size=args.batch_size)
-        results["model"] = model_info(args.checkpoint, model, tok, args.device, args.dtype)
+        results["model"] = model_info(args.model, model, tok, args.device, args.dtype)
         for name, entry in found["tasks"].items():
             for rec, scores in zip(records.setdefault(name, [{} for _ in entry["items"]]), entry.pop("items")):
                 rec.update(scores)

@@ -8,17 +8,14 @@ import sys
 import time
 from pathlib import Path
 
+from groundup.arguments import add_loading_arguments, add_model_argument
 from groundup.errors import DataError
 from groundup.io import read_text
 
 
 def _model_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--checkpoint", required=True,
-                   help="a model directory (with tokenizer/ inside) or a training run directory (uses its latest checkpoint)")
-    p.add_argument("--tokenizer", default=None, help="tokenizer directory (default: found beside the checkpoint)")
-    p.add_argument("--adapter", default=None, help="a LoRA adapter (adapter directory or LoRA run) on the checkpoint")
-    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default: cpu)")
-    p.add_argument("--dtype", default="float32", help="float32 or bfloat16 (default: float32)")
+    add_model_argument(p)
+    add_loading_arguments(p)
     p.add_argument("--compile", action="store_true",
                    help="torch.compile the decode step (about a minute on CPU, then ~2x faster decoding)")
     p.add_argument("--threads", type=int, default=None,
@@ -61,7 +58,7 @@ def _generator(args: argparse.Namespace):
             raise DataError(f"--threads {args.threads}: expected a positive integer")
         torch.set_num_threads(args.threads)
 
-    return Generator.from_checkpoint(args.checkpoint, device=args.device, dtype=args.dtype, compile=args.compile,
+    return Generator.from_checkpoint(args.model, device=args.device, dtype=args.dtype, compile=args.compile,
                                      tokenizer=args.tokenizer, adapter=args.adapter)
 
 

@@ -10,11 +10,13 @@ import argparse
 import sys
 from pathlib import Path
 
+from groundup.arguments import add_model_argument
+
 OVERWRITE_HELP = "replace --out if it exists and is not empty (never the model being read)"
 
 
 def export_hf_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--checkpoint", required=True, help="a model directory or a training run directory")
+    add_model_argument(p, help="a model directory or a training run directory")
     p.add_argument("--out", required=True, type=Path, help="the Hugging Face directory to write")
     p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: as stored)")
     p.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
@@ -23,14 +25,14 @@ def export_hf_arguments(p: argparse.ArgumentParser) -> None:
 def export_hf(args: argparse.Namespace) -> int:
     from groundup.interop.export import export_hf as run
 
-    arch = run(args.checkpoint, args.out, args.dtype, overwrite=args.overwrite)
+    arch = run(args.model, args.out, args.dtype, overwrite=args.overwrite)
     print(f"wrote {args.out} ({arch}); load it with transformers.AutoModelForCausalLM.from_pretrained("
           f"{str(args.out)!r}) and AutoTokenizer.from_pretrained(...)")
     return 0
 
 
 def export_gguf_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--checkpoint", required=True, help="a model directory (also a quantized one) or a training run")
+    add_model_argument(p, help="a model directory (also a quantized one) or a training run")
     p.add_argument("--type", default=None, help="f32, f16, q8_0 or q4_0 (default: f16; f32 for a quantized model, "
                    "its exact form)")
     p.add_argument("--out", required=True, type=Path, help="the .gguf file to write")
@@ -40,7 +42,7 @@ def export_gguf_arguments(p: argparse.ArgumentParser) -> None:
 def export_gguf(args: argparse.Namespace) -> int:
     from groundup.interop.gguf_export import export_gguf as run
 
-    report = run(args.checkpoint, args.out, args.type, overwrite=args.overwrite)
+    report = run(args.model, args.out, args.type, overwrite=args.overwrite)
     size = report.path.stat().st_size
     print(f"wrote {report.path} ({report.arch}, {report.type}, {report.tensors} tensors, {size / 1e6:.1f} MB, "
           f"tokenizer.ggml.pre = {report.pre!r}); run it with llama.cpp: llama-cli -m {report.path}")

@@ -24,7 +24,7 @@ from groundup.errors import CheckpointError
 from groundup.interop.hf_config import choose_architecture, hf_config
 from groundup.interop.hf_tokenizer import write_tokenizer_files
 from groundup.interop.hf_weights import to_hf_state
-from groundup.io import atomic_dir, atomic_write_json, check_out_dir
+from groundup.io import atomic_dir, atomic_write_json, check_out_dir, follow_umask
 from groundup.layout import (HF_CONFIG_FILE, HF_GENERATION_CONFIG_FILE, HF_WEIGHTS_FILE, check_tokenizer_fits,
                              find_tokenizer_dir, resolve_model_dir)
 from groundup.quant.load import load_model
@@ -53,6 +53,7 @@ def export_hf(checkpoint: str | Path, out: str | Path, dtype: str | None = None,
     config = hf_config(arch, cfg, ids, DTYPE_NAMES[model.embed.weight.dtype])
     with atomic_dir(out) as tmp:
         save_file(weights, str(tmp / HF_WEIGHTS_FILE), metadata={"format": "pt"})
+        follow_umask(tmp / HF_WEIGHTS_FILE)
         atomic_write_json(tmp / HF_CONFIG_FILE, config)
         write_tokenizer_files(tok, tmp, cfg.max_seq_len)
         # After the tokenizer: a Hugging Face tokenizer directory may carry its own generation_config.json.

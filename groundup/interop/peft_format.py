@@ -26,7 +26,7 @@ from groundup.config import ConfigError, from_dict
 from groundup.errors import CheckpointError
 from groundup.interop.hf_config import choose_architecture
 from groundup.interop.hf_weights import rules
-from groundup.io import atomic_write_json, read_json
+from groundup.io import atomic_write_json, follow_umask, read_json
 from groundup.layout import ADAPTER_CONFIG_FILE, ADAPTER_META_FILE, ADAPTER_WEIGHTS_FILE
 from groundup.model.config import ModelConfig
 from groundup.model.lora import LoRALinear, LoraConfig, apply_lora, load_adapter_state
@@ -89,6 +89,7 @@ def save_adapter(model, lora: LoraConfig, out_dir: str | Path, base: str | None 
     tensors, config, hf_names = to_peft(model, lora)
     config["base_model_name_or_path"] = base
     save_file(tensors, str(out_dir / ADAPTER_WEIGHTS_FILE), metadata={"format": "pt"})
+    follow_umask(out_dir / ADAPTER_WEIGHTS_FILE)
     atomic_write_json(out_dir / ADAPTER_CONFIG_FILE, config)
     atomic_write_json(out_dir / ADAPTER_META_FILE, {
         "format": "groundup-adapter", "version": 1, "lora": dataclasses.asdict(lora), "hf_names": hf_names,

@@ -25,37 +25,37 @@ MAX_PARAMS = 1e13
 
 @dataclass
 class ModelConfig:
-    name: str = "custom"
-    vocab_size: int = 32768
-    d_model: int = 768
-    n_layers: int = 12
-    n_heads: int = 12
+    name: str = "custom"  # a label for reports and messages; a preset sets it to its own name
+    vocab_size: int = 32768  # token ids the embedding and output layer cover
+    d_model: int = 768  # hidden (residual stream) width
+    n_layers: int = 12  # transformer blocks
+    n_heads: int = 12  # query (attention) heads
     n_kv_heads: int | None = None  # None: = n_heads (MHA); 1: MQA; in between: GQA
     head_dim: int | None = None  # None: d_model // n_heads
-    max_seq_len: int = 2048
+    max_seq_len: int = 2048  # longest sequence in tokens (RoPE tables and KV cache cover it)
 
     # Attention
     attention: Literal["gqa", "mla"] = "gqa"  # "gqa" covers MHA/GQA/MQA through n_kv_heads
-    rope_theta: float = 10000.0
+    rope_theta: float = 10000.0  # RoPE base (theta): larger = slower-rotating position frequencies
     rope_scaling: Literal["none", "linear", "ntk"] = "none"  # for contexts longer than trained on
-    rope_scaling_factor: float = 1.0
+    rope_scaling_factor: float = 1.0  # context-extension factor for rope_scaling; 1 = no change
     qk_norm: bool = False  # RMSNorm on q and k per head (OLMo 2, Qwen3)
     attn_logit_softcap: float = 0.0  # 0 = off; Gemma 2 uses 50
     # Multi-head latent attention (DeepSeek-V2); used when attention = "mla"
     q_lora_rank: int = 0  # 0: queries are projected directly (V2-Lite)
     kv_lora_rank: int = 512  # the compressed latent the KV cache stores
-    qk_nope_head_dim: int = 128
+    qk_nope_head_dim: int = 128  # MLA: per-head query/key dimension that gets no RoPE
     qk_rope_head_dim: int = 64  # the decoupled RoPE key, shared by all heads
-    v_head_dim: int = 128
+    v_head_dim: int = 128  # MLA: per-head value dimension
 
     # Feed-forward
-    mlp: Literal["swiglu", "geglu", "gelu", "relu2"] = "swiglu"
+    mlp: Literal["swiglu", "geglu", "gelu", "relu2"] = "swiglu"  # MLP and expert activation; swiglu, geglu: gated
     d_ff: int | None = None  # None: 8/3*d (gated) or 4*d, rounded up to ffn_multiple_of
-    ffn_multiple_of: int = 256
+    ffn_multiple_of: int = 256  # the derived d_ff is rounded up to a multiple of this
     # Mixture of experts; n_experts = 0 is a dense model
-    n_experts: int = 0
-    moe_top_k: int = 2
-    n_shared_experts: int = 0
+    n_experts: int = 0  # routed experts per MoE layer; 0 = dense
+    moe_top_k: int = 2  # routed experts each token is sent to
+    n_shared_experts: int = 0  # always-active experts each token also passes through; 0 = none
     moe_d_ff: int | None = None  # None: the dense d_ff
     n_dense_layers: int = 0  # the first k layers stay dense (DeepSeek keeps layer 0 dense)
     moe_router: Literal["softmax", "sigmoid"] = "softmax"  # sigmoid: DeepSeek-V3
@@ -64,23 +64,23 @@ class ModelConfig:
     moe_bias_update_rate: float = 1e-3  # auxiliary-loss-free balancing (DeepSeek-V3); 0 = off
 
     # Normalisation
-    norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
-    norm_eps: float = 1e-5
+    norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"  # normalisation layer type
+    norm_eps: float = 1e-5  # small constant in the norms' denominator, for numerical stability
     norm_placement: Literal["pre", "post", "sandwich"] = "pre"  # sandwich: Gemma 2
 
     # Embeddings and output
-    tie_embeddings: bool = False
+    tie_embeddings: bool = False  # the output layer reuses the input embedding matrix
     embed_scale: bool = False  # multiply embeddings by sqrt(d_model) (Gemma)
     final_logit_softcap: float = 0.0  # 0 = off; Gemma 2 uses 30
     bias: bool = False  # biases in linear layers and LayerNorm (GPT-2)
     qkv_bias: bool = False  # biases on the q, k and v projections only (Qwen2/2.5); implied by bias
-    dropout: float = 0.0
+    dropout: float = 0.0  # on attention weights and residual branches while training; 0 = off
     value_head: bool = False  # a reward model: a scalar head on the last token's final hidden state
 
     # Initialisation: "normal" = N(0, init_std) with residual projections scaled by
     # 1/sqrt(2*n_layers) (GPT-2); the others are the torch.nn.init schemes of the same names.
     init: Literal["normal", "trunc_normal", "xavier", "kaiming", "lecun"] = "normal"
-    init_std: float = 0.02
+    init_std: float = 0.02  # standard deviation of the normal and trunc_normal inits
 
     # Loss
     z_loss_coef: float = 0.0  # PaLM uses 1e-4 on log(Z)^2

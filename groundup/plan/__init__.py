@@ -5,10 +5,14 @@
     p.strategy("fsdp").peak_bytes, p.strategy("fsdp").parts, p.strategy("fsdp").max_micro_batch
     p.tokens_per_sec_per_gpu, p.step_time_s, p.total_time_s, p.gpu_hours, p.to_dict()
 
-Modules: gpus (the GPU table), params (parameter counts per FSDP unit), activations (bytes the
-ops keep for backward, the fused loss), memory (the step's timeline and its peak per strategy),
-estimate (plan(), the largest micro-batch, time), report (the table), measure (peak tensor
-memory of a CPU process, for checking the model), commands (the CLI verb).
+    estimate.py      plan(): each strategy's memory per GPU, the largest micro-batch that fits, time at an MFU
+    memory.py        one step's memory per GPU as a timeline of parts, its peak, for DDP / FSDP2 / HSDP / FSDP2 + TP
+    activations.py   the bytes a block's ops keep for backward, and the fused loss's, per precision
+    params.py        parameter counts per FSDP unit, split into what tensor parallelism divides and replicates
+    gpus.py          the GPU table: memory and dense peak FLOP/s from the datasheets
+    report.py        the table `groundup plan` prints
+    measure.py       peak tensor memory of a CPU process from profiler events, to check the memory model
+    commands.py      `groundup plan`
 """
 
 from groundup.plan.estimate import STRATEGIES, Params, Plan, StrategyPlan, plan, predict_memory

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
+
+from groundup.arguments import add_config_arguments
 
 _SUFFIXES = {"K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}
 
@@ -28,7 +29,6 @@ def plan_arguments(p: argparse.ArgumentParser) -> None:
     from groundup.plan.gpus import GPUS
     from groundup.plan.memory import ACCUMULATION
 
-    p.add_argument("--config", type=Path, default=None, help="TrainConfig TOML (configs/*.toml); default: the defaults")
     p.add_argument("--gpus", type=int, default=8, help="GPUs in all (default 8)")
     p.add_argument("--gpu", default="a100-80gb", help=f"GPU model: {', '.join(GPUS)} (default a100-80gb)")
     p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node: the hybrid row shards within one")
@@ -46,7 +46,7 @@ def plan_arguments(p: argparse.ArgumentParser) -> None:
                         "distributed.fsdp_grad_sync does): " +
                         "; ".join(f"{k}: {v}" for k, v in ACCUMULATION.items()))
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
-    p.add_argument("overrides", nargs="*", help="section.key=value over the config, e.g. train.batch_size=4")
+    add_config_arguments(p, "groundup.train.config:TrainConfig", "train.batch_size=4")
 
 
 def plan(args: argparse.Namespace) -> int:

@@ -244,9 +244,10 @@ def _strategy_plan(cfg: TrainConfig, name: str, gpus: int, usable: float, tps_gp
     dp = gpus // setup.tp
     tokens_per_step = setup.batch * setup.seq * setup.accum * dp
     notes = []
-    implemented = setup.strategy in ("single", "ddp", "fsdp")
+    implemented = setup.strategy in ("single", "ddp", "fsdp", "fsdp+tp")
     if not implemented:
-        notes.append("not in groundup.train yet (distributed.strategy is ddp or fsdp): the plan for when it is")
+        notes.append("HSDP is not in groundup.train yet (distributed.strategy is ddp or fsdp, with distributed.tp "
+                     "for tensor parallelism): the plan for when it is")
     if setup.strategy == "hsdp" and gpus <= kw.get("gpus_per_node", 8):
         notes.append("one node: the same as full sharding")
     if setup.strategy == "hsdp" and gpus % setup.shard:
@@ -254,7 +255,9 @@ def _strategy_plan(cfg: TrainConfig, name: str, gpus: int, usable: float, tps_gp
     if setup.strategy == "fsdp+tp":
         notes.append(f"TP {setup.tp} x FSDP {setup.shard}: attention and MLP matrices, the vocabulary and their "
                      "activations split over TP; norms replicated" + (", sequence parallel" if setup.sequence_parallel
-                                                                     else "") + "; not measured (no TP in groundup)")
+                                                                     else "") +
+                     f"; train it with distributed.strategy = 'fsdp', distributed.tp = {setup.tp}"
+                     + (", distributed.sequence_parallel = true" if setup.sequence_parallel else ""))
     fsdp = setup.strategy in ("fsdp", "hsdp", "fsdp+tp")
     if fsdp and cfg.optim.name == "muon":
         notes.append("groundup refuses Muon under FSDP (Newton-Schulz needs whole matrices)")

@@ -21,7 +21,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from groundup.errors import DataError
-from groundup.io import atomic_write_json
+from groundup.io import atomic_write_json, follow_umask
 from groundup.layout import DATA_REPORT_FILE, REFERENCE_LOGPS_FILE
 from groundup.posttrain.config import DPOConfig, KTOConfig
 from groundup.posttrain.pairs import read_feedback, read_pairs, split_heldout
@@ -56,6 +56,7 @@ def _references(model, train: list, held: list, kind: str, pad: int, out: Path, 
     ref_held = reference_logps(model, held, kind, pad, "cpu", batch, chunk=batch) if held else torch.zeros(0, 2)
     if is_main:
         save_file({"train": ref_train, "heldout": ref_held}, str(path), metadata={"data": key})
+        follow_umask(path)
     return ref_train, ref_held
 
 

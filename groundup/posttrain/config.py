@@ -56,7 +56,7 @@ class SFTDataConfig:
     epochs: float = 1.0  # passes over the training examples; train.max_steps = 0 derives the steps from it
     replay_fraction: float = 0.0  # share of each batch drawn from replay_shards; 0 = off
     eval_generations: int = 32  # held-out conversations answered greedily at each evaluation (0 = none)
-    eval_max_new_tokens: int = 128
+    eval_max_new_tokens: int = 128  # longest greedy reply to a held-out conversation, in tokens
     seed: int = 0  # of the held-out split and the example order
 
     def validate(self) -> None:
@@ -149,7 +149,7 @@ class PreferenceDataConfig:
 
 @dataclass
 class DPOSection(PreferenceDataConfig):
-    loss: Literal["sigmoid", "ipo", "hinge"] = "sigmoid"
+    loss: Literal["sigmoid", "ipo", "hinge"] = "sigmoid"  # sigmoid: DPO's own; ipo: IPO's squared loss; hinge: SLiC's
     label_smoothing: float = 0.0  # sigmoid only: the assumed share of flipped labels (conservative DPO)
     # Weight of the chosen completions' negative log-likelihood added to the loss (RPO; TRL's
     # loss_type=[loss, "sft"] with loss_weights=[1, sft_weight]): keeps the chosen replies likely while
@@ -215,9 +215,9 @@ class GRPOSection:
     group_size: int = 8  # G completions sampled per prompt
     prompts_per_batch: int = 4  # prompts per micro-batch (a micro-batch holds prompts_per_batch x G sequences)
     iterations: int = 1  # optimisation passes per batch of samples (TRL's num_iterations, GRPO's mu)
-    max_new_tokens: int = 64
-    temperature: float = 1.0
-    top_p: float = 1.0
+    max_new_tokens: int = 64  # longest sampled completion, in tokens (also for the greedy evaluation)
+    temperature: float = 1.0  # sampling temperature (log-probabilities are taken at it too); 0 = greedy
+    top_p: float = 1.0  # nucleus sampling: keep the smallest set of tokens with this probability; 1 = off
     epsilon: float = 0.2  # clip range of the probability ratio (low side)
     epsilon_high: float = 0.0  # high side; 0: = epsilon (DAPO uses 0.28)
     beta: float = 0.0  # weight of the k3 KL to the reference; 0 = no reference model at all
@@ -229,7 +229,7 @@ class GRPOSection:
     # never ending its turn is not reinforced
     mask_truncated: bool = False
     eval_count: int = 64  # held-out prompts answered greedily at each evaluation
-    seed: int = 0
+    seed: int = 0  # of the prompt order and the sampling
 
     def validate(self) -> None:
         for key in ("group_size", "prompts_per_batch", "iterations", "max_new_tokens", "max_resample"):
@@ -280,16 +280,16 @@ class RMConfig(PostTrainConfig):
 @dataclass
 class RFTSection:
     prompts: list[str] = field(default_factory=list)  # prompt records (as GRPO's)
-    eval_prompts: list[str] = field(default_factory=list)
-    rewards: list[str] = field(default_factory=lambda: ["exact_match"])
-    reward_weights: list[float] = field(default_factory=list)
+    eval_prompts: list[str] = field(default_factory=list)  # held-out prompts; none: split="heldout" records
+    rewards: list[str] = field(default_factory=lambda: ["exact_match"])  # shipped names or module:function
+    reward_weights: list[float] = field(default_factory=list)  # one per reward; empty: all 1
     samples: int = 8  # k completions sampled per prompt
     threshold: float | None = None  # keep every sample scoring at least this; none: the best per prompt
     rounds: int = 1  # sample -> keep -> fine-tune, repeated from the last round's model
-    max_new_tokens: int = 64
-    temperature: float = 1.0
-    eval_count: int = 64
-    seed: int = 0
+    max_new_tokens: int = 64  # longest sampled completion, in tokens (also for the greedy evaluation)
+    temperature: float = 1.0  # sampling temperature; 0 = greedy
+    eval_count: int = 64  # held-out prompts answered greedily before and after each round
+    seed: int = 0  # of the sampling; round n samples with seed + n
 
     def validate(self) -> None:
         for key in ("samples", "rounds", "max_new_tokens"):

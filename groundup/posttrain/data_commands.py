@@ -2,6 +2,7 @@
 
     groundup data pairs --model runs/sft --prompts chat/chat-math.jsonl --reward exact_match --out pairs.jsonl
     groundup data pairs ... --resume          # after a crash or Ctrl-C: continue from the last finished chunk
+    groundup data pairs ... --resume pairs.jsonl                     # the same, naming the file
 
 The work is saved a chunk of prompts at a time (posttrain/sampling_job.py), so a stopped run loses at
 most one chunk and a resumed one writes the same file as an uninterrupted run.
@@ -12,14 +13,17 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from groundup.arguments import (add_loading_arguments, add_model_argument, add_output_arguments, add_progress_argument,
+                                resolve_output)
+
 
 def pairs_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help="the model to sample from (a model, run or adapter directory)")
+    add_model_argument(p, help="the model to sample from (a model, run or adapter directory)")
     p.add_argument("--prompts", required=True, nargs="+", type=Path, help="JSONL/Parquet prompt records (prompt or "
                    "messages, plus the fields the rewards read, e.g. answer)")
     p.add_argument("--reward", action="append", required=True, metavar="NAME[=WEIGHT]",
                    help="exact_match, exact_match_lenient, format_answer, code, rm:PATH or module:function")
-    p.add_argument("--out", required=True, type=Path, help="the pairs file to write (JSONL, TRL's format)")
+    add_output_arguments(p, "pairs file (JSONL, TRL's format)")
     p.add_argument("--samples", type=int, default=8, help="completions sampled per prompt (8)")
     p.add_argument("--pairs-per-prompt", type=int, default=1, help="up to this many pairs a prompt: the i-th best "
                    "distinct sample against the i-th worst, while the best scores higher (1)")
@@ -29,12 +33,11 @@ def pairs_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--overwrite", action="store_true", help="replace --out (when the new one is complete) and "
                    "discard an unfinished run's work")
-    p.add_argument("--resume", action="store_true", help="continue the unfinished run of --out (same settings)")
     p.add_argument("--chunk", type=int, default=256, help="prompts sampled between saves of the work done (256; "
                    "rounded up to whole sampling batches)")
-    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default: CUDA when present)")
+    add_loading_arguments(p, adapter=False, dtype=False)
     p.add_argument("--batch-size", type=int, default=32, help="completions sampled together (32; larger on a GPU)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_progress_argument(p)
 
 
 def pairs(args: argparse.Namespace) -> int:
@@ -52,13 +55,14 @@ def pairs(args: argparse.Namespace) -> int:
                         ("--chunk", args.chunk)):
         if value < 1:
             raise ConfigError(f"{flag} {value}: expected at least 1", key=flag.strip("-").replace("-", "_"))
+    args.out, args.resume = resolve_output(args)
     if args.resume and args.overwrite:
         raise ConfigError("--resume and --overwrite: choose one (continue the unfinished run, or start again)",
                           key="resume")
     rewards = load_rewards(*parse_reward_args(args.reward))
     job = SamplingJob(args.out, pairs_settings(args), resume=args.resume, overwrite=args.overwrite)
     with job.locked():
-        model, tok = load_for_inference(args.model, device=args.device, merge=True)
+        model, tok = load_for_inference(args.model, device=args.device, tokenizer=args.tokenizer, merge=True)
         prompts, held, bad = read_prompts(args.prompts, tok, model.cfg.max_seq_len - args.max_new_tokens)
         prompts = (prompts + held)[: args.limit]
         done = job.state["prompts_done"]
@@ -75,7 +79,7 @@ def pairs(args: argparse.Namespace) -> int:
             return records, {"pairs": len(records), "paired": paired}, errors
 
         state = job.run(prompts, build, args.samples, args.chunk, args.batch_size, args.seed,
-                        progress=not args.no_progress)
+                        progress=not args.quiet)
     for example in state["failure_examples"]:
         print(f"reward failure: {example}")
     pairs_written, alike = state["counts"].get("pairs", 0), len(prompts) - state["counts"].get("paired", 0)

@@ -1,8 +1,8 @@
 """`groundup quantize`: int8 / int4 / GPTQ weight-only quantization of a model directory.
 
-    groundup quantize --checkpoint out/model --method int8
-    groundup quantize --checkpoint out/model --method int4 --group-size 64 --out out/model-int4
-    groundup quantize --checkpoint runs/tiny --method gptq --calibration data/val.jsonl --act-order
+    groundup quantize --model out/model --method int8
+    groundup quantize --model out/model --method int4 --group-size 64 --out out/model-int4
+    groundup quantize --model runs/tiny --method gptq --calibration data/val.jsonl --act-order
 
 The output is a model directory that generate, chat, eval and serve load like any other.
 """
@@ -15,13 +15,15 @@ import shutil
 import sys
 from pathlib import Path
 
+from groundup.arguments import add_loading_arguments, add_model_argument
+
 OVERWRITE_HELP = "replace --out if it exists and is not empty (never the model being read)"
 
 
 def quantize_arguments(p: argparse.ArgumentParser) -> None:
     from groundup.quant.calibration import DEFAULT_SEQ_LEN, DEFAULT_TOKENS, MIN_TOKENS
 
-    p.add_argument("--checkpoint", required=True, help="a model directory or a training run directory")
+    add_model_argument(p, help="a full-precision model directory or a training run directory")
     p.add_argument("--method", required=True, help="int8 (per-channel), int4 (groups, round to nearest) or gptq")
     p.add_argument("--bits", type=int, default=None, help="4 or 8 (gptq; default 4); implied by int8 / int4")
     p.add_argument("--group-size", type=int, default=None, help="4-bit group size: 32, 64 or 128 (default: 128)")
@@ -41,8 +43,7 @@ def quantize_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, default=None, help="the model directory to write (default: "
                    "CHECKPOINT-METHOD beside the model directory)")
     p.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
-    p.add_argument("--tokenizer", default=None, help="tokenizer directory (default: found beside the checkpoint)")
-    p.add_argument("--device", default="cpu", help="where to quantize: cpu, cuda, cuda:N or auto (default: cpu)")
+    add_loading_arguments(p, adapter=False, dtype=False)
     p.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
@@ -75,18 +76,18 @@ def quantize(args: argparse.Namespace) -> int:
     if spec.method != "gptq" and args.calibration:
         raise ConfigError(f"--calibration applies to --method gptq only, not {spec.method}", key="calibration")
     device = resolve_device(args.device)
-    model_dir = resolve_model_dir(args.checkpoint)
+    model_dir = resolve_model_dir(args.model)
     if is_quantized(model_dir):
         existing = read_quant_spec(model_dir, strict=False)
         how = existing.describe() if existing else "a [quantization] table"
         raise ConfigError(f"{model_dir} is already quantized ({how}); quantize the full-precision model it came from",
-                          key="checkpoint")
+                          key="model")
     out = check_out_dir(args.out or _default_out(model_dir, spec), args.overwrite, sources=[model_dir])
     tok_dir = Path(args.tokenizer) if args.tokenizer else find_tokenizer_dir(model_dir)
     if tok_dir is not None and not tok_dir.is_dir():
         raise CheckpointError(f"--tokenizer {tok_dir}: no such directory")
     if spec.method == "gptq" and tok_dir is None:
-        raise CheckpointError(f"{model_dir}: no tokenizer beside the checkpoint to encode the calibration text with; "
+        raise CheckpointError(f"{model_dir}: no tokenizer beside the model to encode the calibration text with; "
                               "pass --tokenizer DIR")
 
     model = load_float_model(model_dir, device)
@@ -124,7 +125,7 @@ def quantize(args: argparse.Namespace) -> int:
         if rtn:
             print(f"round-to-nearest on the same inputs: mean {sum(rtn) / len(rtn):.3g}")
     if tok_dir is None:
-        print("note: no tokenizer found beside the checkpoint; generate and chat need --tokenizer DIR", file=sys.stderr)
+        print("note: no tokenizer found beside the model; generate and chat need --tokenizer DIR", file=sys.stderr)
     return 0
 
 

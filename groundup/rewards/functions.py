@@ -4,7 +4,7 @@
     total, parts, error = score(rewards, prompt, completion, {"answer": "42"})
 
 A reward is named by `module:function` (any importable module, e.g. a file on PYTHONPATH), by
-`rm:PATH` (a reward model trained with `groundup rm`), or by a shipped name:
+`rm:PATH` (a reward model trained with `groundup reward-model`), or by a shipped name:
     exact_match / exact_match_strict   1 if the `Answer: N` line equals the record's `answer`
     exact_match_lenient                1 if the last number in the completion equals `answer`
     format_answer                      1 if the completion has an `Answer: N` line (a format reward)

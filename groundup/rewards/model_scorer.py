@@ -35,7 +35,7 @@ class RewardModelScorer:
     def __init__(self, path: str | Path, device: str = "cpu"):
         self.model, self.tok = load_for_inference(path, device=device)
         if self.model.value_head is None:
-            raise DataError(f"{path}: not a reward model (its config has no value head); train one with 'groundup rm'")
+            raise DataError(f"{path}: not a reward model (its config has no value head); train one with 'groundup reward-model'")
         self.device = device
 
     @torch.no_grad()

@@ -1,6 +1,6 @@
 """`groundup serve`: an OpenAI-compatible server with continuous batching, LoRA adapters and a chat page.
 
-    groundup serve --checkpoint out/model [--adapter sql=adapters/sql ...] [--host 127.0.0.1] [--port 8000]
+    groundup serve --model out/model [--adapter sql=adapters/sql ...] [--host 127.0.0.1] [--port 8000]
                    [--api-key KEY] [--max-batch 16] [--max-tokens N]
 
 Listens on 127.0.0.1 unless told otherwise. Ctrl-C (SIGINT) or SIGTERM stops accepting connections,
@@ -17,22 +17,20 @@ import sys
 import threading
 from pathlib import Path
 
+from groundup.arguments import add_loading_arguments, add_model_argument
 from groundup.errors import ConfigError
 
 
 def serve_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--checkpoint", required=True,
-                   help="a model directory (with tokenizer/ inside) or a training run directory (its latest checkpoint)")
-    p.add_argument("--tokenizer", default=None, help="tokenizer directory (default: found beside the checkpoint)")
+    add_model_argument(p)
+    add_loading_arguments(p, adapter=False)
     p.add_argument("--adapter", action="append", default=[], metavar="NAME=DIR",
                    help="serve a LoRA adapter (groundup's or peft's layout) as model NAME (repeatable)")
-    p.add_argument("--name", default=None, help="the base model's name in the API (default: the checkpoint's directory name)")
+    p.add_argument("--name", default=None, help="the base model's name in the API (default: the model's directory name)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
     p.add_argument("--port", type=int, default=8000, help="(default: 8000)")
     p.add_argument("--api-key", default=os.environ.get("GROUNDUP_API_KEY"),
                    help="require 'Authorization: Bearer KEY' (default: $GROUNDUP_API_KEY, else no key)")
-    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default: cpu)")
-    p.add_argument("--dtype", default="float32", help="float32 or bfloat16 (default: float32)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     g = p.add_argument_group("limits")
     g.add_argument("--max-batch", type=int, default=16, help="rows decoded together (default: 16)")
@@ -78,8 +76,8 @@ def build_server(args: argparse.Namespace):
                     max_body_bytes=args.max_body_bytes, max_waiting=args.max_waiting,
                     max_prefill_tokens=args.max_prefill_tokens, cache_headroom=args.cache_headroom)
     limits.validate()
-    model, tok = load_for_inference(args.checkpoint, args.device, args.dtype, args.tokenizer)
-    name = args.name or Path(args.checkpoint).resolve().name
+    model, tok = load_for_inference(args.model, args.device, args.dtype, args.tokenizer)
+    name = args.name or Path(args.model).resolve().name
     return Server(model, tok, name=name, adapters=adapters, limits=limits, api_key=args.api_key or None)
 
 

@@ -4,10 +4,18 @@
     tok = load_tokenizer("out/tokenizer")          # groundup's format, or any Hugging Face tokenizer.json
     tok = train_tokenizer(texts, TokenizerConfig(vocab_size=8192)); tok.save("out/tokenizer")
 
-See `base.py` for the interface every backend keeps, `tokenizer.py` for groundup's own byte-level
-BPE (tiktoken-fast), `hf_tokenizer.py` for Hugging Face tokenizers, `chat.py` for groundup's chat
-format and `chat_template.py` for Jinja chat templates and their loss mask, `hf_format.py` for the
-`tokenizer.json` layout groundup writes and why the fast encoder equals it.
+    base.py            BaseTokenizer: the interface every backend keeps (code outside this package uses only it)
+    loading.py         load_tokenizer: the one entry point, which picks the backend for a directory
+    tokenizer.py       Tokenizer: groundup's byte-level BPE, stored as tokenizer.json, encoded by tiktoken
+    train.py           TokenizerConfig and train_tokenizer: BPE training with the `tokenizers` trainer
+    hf_format.py       the tokenizer.json groundup writes and reads, and why tiktoken's encoding equals it
+    hf_tokenizer.py    HFTokenizer: any Hugging Face tokenizer.json behind the same interface
+    hf_files.py        a Hugging Face tokenizer directory read and checked, each malformed file a DataError
+    chat.py            groundup's chat format: special tokens, roles, rendering with the assistant-only loss mask
+    chat_template.py   Jinja chat templates rendered as transformers renders them, and the loss mask they imply
+    parallel.py        map_batches: a function over text batches on several processes, in order, bounded memory
+    stats.py           bytes per token by domain, vocabulary use, the longest tokens
+    commands.py        `groundup tokenizer train` and `groundup tokenizer stats`
 """
 
 from groundup.tokenizer.base import BaseTokenizer

@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-from groundup.config import add_config_arguments, load_cli_config
+from groundup.arguments import add_config_arguments, add_progress_argument
+from groundup.config import load_cli_config
 from groundup.errors import DataError
 from groundup.io import atomic_write_json, ensure_writable_dir
 
@@ -26,7 +27,8 @@ def train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input", required=True, nargs="+", type=Path, help="files or directories of text records")
     p.add_argument("--out", required=True, type=Path, help="directory for tokenizer.json and its metadata")
     p.add_argument("--vocab-size", type=int, default=None, help="tokens including 256 bytes and 7 specials (32768)")
-    add_config_arguments(p, "TokenizerConfig", "digit_group=2")
+    add_progress_argument(p)
+    add_config_arguments(p, "groundup.tokenizer.train:TokenizerConfig", "digit_group=2")
 
 
 def train(args: argparse.Namespace) -> None:

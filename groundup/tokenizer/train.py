@@ -36,7 +36,7 @@ class TokenizerConfig:
     max_token_bytes: int | None = None  # cap a token's length (None: no cap)
     holdout_fraction: float = 0.01  # documents kept out of training for `tokenizer stats`
     seed: int = 0  # of the document hash that picks the held-out documents
-    holdout_group: str = ""  # a record field: documents of one group are held out together (= data tokenize's split_group)
+    holdout_group: str = ""  # a record field: documents of one group are held out together (= tokenize's split_group)
     holdout_group_fraction: float = 0.0  # the share of groups held out; 0: holdout_fraction (= split_group_fraction)
 
     def validate(self) -> None:

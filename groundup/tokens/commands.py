@@ -8,7 +8,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from groundup.config import add_config_arguments, load_cli_config
+from groundup.arguments import add_config_arguments, add_progress_argument
+from groundup.config import load_cli_config
 from groundup.data.commands import executor_arguments
 
 
@@ -20,7 +21,8 @@ def tokenize_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=int, default=None,
                    help="encoding processes (default: one per core; --executor local)")
     executor_arguments(p)
-    add_config_arguments(p, "TokenizeConfig", "shard_tokens=1000000")
+    add_progress_argument(p)
+    add_config_arguments(p, "groundup.tokens.shards:TokenizeConfig", "shard_tokens=1000000")
 
 
 def tokenize(args: argparse.Namespace) -> None:

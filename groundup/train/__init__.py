@@ -1,20 +1,28 @@
-"""The training core and pretraining: `groundup train` and `train(cfg, out_dir, resume=False)`.
+"""The training core and pretraining: `groundup train` and `train(cfg, out_dir, resume=False)`. Every
+post-training verb (groundup.posttrain) runs on the same core with an objective of its own.
 
-    state.py        TrainState (every field a run carries between steps), build_state, save/restore
-    objective.py    the objective interface (a batch -> loss + metrics) and NextTokenObjective
-    step.py         one optimizer step of any objective: micro-batches, loss scaling, clipping, skip or update
-    loop.py         the shared loop: resume, logging, evaluation, checkpoints, rollback, summary
-    pretrain.py     train(): token shards + the next-token objective on the core
-    config.py       TrainConfig: model, data, train, optim, schedule, precision, checkpoint, stability, eval, log, distributed
-    run.py          the run directory: config, tokenizer copy, fresh-or-resume checks
-    optimizers.py   AdamW, Muon (+ AdamW), Lion and their parameter groups
-    schedules.py    warmup + cosine, WSD, constant; set before each optimizer step
-    precision.py    fp32, bf16 autocast, bf16 compute weights with fp32 master weights
-    checkpoint.py   atomic step directories, checksums, rotation, fallback, loader re-sharding
-    distributed.py  torchrun: DDP or FSDP2, full state dicts that load into any layout
-    stability.py    data gate, spike skipping, rollback trigger
-    metrics.py      metrics.jsonl, progress bar, TensorBoard/W&B, MFU
-    commands.py     the CLI verb
+    session.py       open_run: the one run session every training verb uses (process group, writer lock,
+                     fresh-or-resume checks, base model or shards' tokenizer, config commit, then the loop)
+    state.py         TrainState (every field a run carries between steps), build_state, save/restore
+    objective.py     the objective interface (a batch -> loss + metrics) and NextTokenObjective
+    step.py          one optimizer step of any objective: micro-batches, loss scaling, clipping, skip or update
+    loop.py          training_session and the shared loop: resume, logging, evaluation, checkpoints, rollback
+    pretrain.py      train(): token shards + the next-token objective on the core
+    run.py           pretraining's start: the shards' tokenizer and vocabulary, checked before anything is written
+    config.py        TrainConfig and the sections every training verb shares (train, optim, schedule, precision,
+                     checkpoint, stability, eval, log, distributed); resume compatibility
+    optimizers.py    AdamW, Muon (+ AdamW), Lion and their parameter groups
+    schedules.py     warmup + cosine, WSD, constant; set before each optimizer step
+    precision.py     fp32, bf16 autocast, bf16 compute weights with fp32 master weights
+    checkpoint.py    atomic step directories, checksums, rotation, fallback, loader re-sharding
+    dcp.py           sharded checkpoints of FSDP2 and tensor-parallel runs (torch.distributed.checkpoint)
+    distributed.py   torchrun: DDP, FSDP2 or FSDP2 x TP; full state dicts that load into any layout
+    parallelize.py   tensor parallelism on DTensor: fused projections split, sequence parallelism
+    stability.py     data gate, spike skipping, rollback trigger
+    time_budget.py   train.time_limit_s: max_steps and cadences re-planned from measured step times
+    threads.py       the CPU thread count measured rather than assumed (`train.threads = -1`)
+    metrics.py       metrics.jsonl, progress bar, TensorBoard/W&B, MFU
+    commands.py      `groundup train`
 """
 
 from groundup.train.config import TrainConfig

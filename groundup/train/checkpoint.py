@@ -1,7 +1,7 @@
 """Checkpoints: written whole or not at all, verified on resume, rotated.
 
     RUN/checkpoints/step_0001000/
-        model.safetensors  model.toml    a model directory: groundup.model.model_dir.load_model(it) works
+        model.safetensors  model.toml    a model directory: groundup.quant.load.load_model(it) works
         optimizer.pt                     optimizer state keyed by parameter name (any layout loads it)
         loader.pt                        each process's data-loader position
         trainer.pt                       step, schedule, spike-guard history, RNG states, counters

@@ -1,7 +1,7 @@
 """`groundup train`: start a run or resume one; the same command under torchrun trains in parallel.
 
     groundup train --config configs/train-tiny.toml data.shards=out/tokens --out runs/tiny
-    groundup train --resume runs/tiny [train.max_steps=2000 ...]
+    groundup train --resume runs/tiny [train.max_steps=2000 ...]     # or --out runs/tiny --resume
     torchrun --nproc-per-node 8 -m groundup train --config run.toml --out runs/big distributed.strategy=fsdp
 """
 
@@ -10,33 +10,32 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-from pathlib import Path
+
+from groundup.arguments import add_config_arguments, add_output_arguments, add_progress_argument, resolve_output
 
 
 def train_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", type=Path, default=None, help="TOML file of TrainConfig sections (configs/train-*.toml)")
-    where = p.add_mutually_exclusive_group(required=True)
-    where.add_argument("--out", type=Path, help="new run directory (refused if it already holds a run)")
-    where.add_argument("--resume", type=Path, metavar="RUN", help="continue RUN from its newest intact checkpoint "
-                       "(its config.toml, or --config, then the overrides; changes that would make the "
-                       "checkpoint meaningless are refused, naming the keys)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.add_argument("overrides", nargs="*", help="section.key=value over the config, e.g. train.max_steps=500")
+    add_output_arguments(p)
+    add_progress_argument(p)
+    add_config_arguments(p, "groundup.train.config:TrainConfig", "train.max_steps=500")
 
 
 def load_run_config(cls, args: argparse.Namespace, extra: list[str] = ()):
     """The config of a fresh run (defaults, --config, overrides) or of a resumed one (its config.toml,
-    or --config, then the overrides)."""
-    from groundup.config import load_config
+    or --config, then the overrides). Sets args.run_dir and args.resuming."""
+    from groundup.config import apply_overrides, load_config, read_toml, saved_config
     from groundup.errors import CheckpointError
     from groundup.layout import RUN_CONFIG_FILE
 
+    args.run_dir, args.resuming = resolve_output(args)
     overrides = list(extra) + list(args.overrides) + (["log.progress=false"] if args.quiet else [])
-    if args.resume is not None:
-        base = args.config or args.resume / RUN_CONFIG_FILE
-        if not base.is_file():
-            raise CheckpointError(f"{args.resume}: no {RUN_CONFIG_FILE}, so not a run directory to resume")
-        return load_config(cls, base, overrides)
+    if args.resuming:
+        if args.config is not None:
+            return load_config(cls, args.config, overrides)
+        saved = args.run_dir / RUN_CONFIG_FILE
+        if not saved.is_file():
+            raise CheckpointError(f"{args.run_dir}: no {RUN_CONFIG_FILE}, so not a training run directory to resume")
+        return saved_config(cls, apply_overrides(read_toml(saved), overrides))
     return load_config(cls, args.config, overrides)
 
 
@@ -67,5 +66,4 @@ def train(args: argparse.Namespace) -> int:
     from groundup.train.pretrain import train as run_training
 
     cfg = load_run_config(TrainConfig, args)
-    summary = run_training(cfg, args.resume or args.out, resume=args.resume is not None)
-    return print_summary(summary, "train")
+    return print_summary(run_training(cfg, args.run_dir, resume=args.resuming), "train")

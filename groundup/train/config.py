@@ -83,16 +83,16 @@ class DataConfig:
 
 @dataclass
 class OptimConfig:
-    name: Literal["adamw", "muon", "lion"] = "adamw"
+    name: Literal["adamw", "muon", "lion"] = "adamw"  # muon: Muon on hidden 2-D matrices, AdamW on the rest
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])  # AdamW (and Muon's AdamW part)
-    eps: float = 1e-8
+    eps: float = 1e-8  # AdamW denominator epsilon
     weight_decay: float = 0.1  # decoupled; Lion wants about 3-10x more (with 3-10x less lr)
     decay_embeddings: bool = False  # norms and biases are never decayed; embeddings only if true
     grad_clip: float = 1.0  # max global gradient norm; 0 = no clipping
     implementation: Literal["auto", "fused", "foreach", "loop"] = "auto"  # AdamW kernel; auto: fused
-    muon_momentum: float = 0.95
+    muon_momentum: float = 0.95  # Muon momentum coefficient
     muon_ns_steps: int = 5  # Newton-Schulz iterations
-    lion_betas: list[float] = field(default_factory=lambda: [0.9, 0.99])
+    lion_betas: list[float] = field(default_factory=lambda: [0.9, 0.99])  # Lion: update and momentum betas
 
     def validate(self) -> None:
         for key in ("betas", "lion_betas"):
@@ -111,10 +111,10 @@ class OptimConfig:
 @dataclass
 class ScheduleConfig:
     # Defaults of a published 12B run: 2000 warmup steps to 3e-4, cosine to 3e-5.
-    kind: Literal["cosine", "wsd", "constant"] = "cosine"
-    peak_lr: float = 3e-4
+    kind: Literal["cosine", "wsd", "constant"] = "cosine"  # learning-rate shape after warmup; wsd: warmup-stable-decay
+    peak_lr: float = 3e-4  # learning rate reached at the end of warmup
     min_lr: float = 3e-5  # the floor cosine and WSD decay to
-    warmup_steps: int = 2000
+    warmup_steps: int = 2000  # optimizer steps of linear warmup to peak_lr (capped by warmup_max_fraction); 0 = none
     warmup_max_fraction: float = 0.1  # a short run warms up for at most this share of max_steps
     decay_fraction: float = 0.2  # WSD: the last share of steps that decays
     decay_shape: Literal["linear", "cosine", "sqrt"] = "sqrt"  # WSD decay; sqrt: 1 - sqrt(progress)
@@ -205,8 +205,8 @@ class PretrainStabilityConfig(StabilityConfig):
 class EvalConfig:
     """When the objective's evaluation runs (every training verb)."""
 
-    every: int = 100  # steps between evaluations; 0 = only at the end
-    at_end: bool = True
+    every: int = 100  # steps between evaluations; 0 = none during the run (at_end decides the last)
+    at_end: bool = True  # also evaluate after the last step (or when train.time_limit_s ends the run)
 
 
 @dataclass
@@ -220,17 +220,17 @@ class ValidationConfig(EvalConfig):
 @dataclass
 class LogConfig:
     every: int = 10  # steps between metrics.jsonl lines (and progress-bar updates)
-    progress: bool = True
+    progress: bool = True  # progress bars on the terminal; --quiet sets it false
     peak_flops: float = 0.0  # per process, for MFU; 0: known accelerator table, or a CPU matmul measurement
     tensorboard: bool = False  # write RUN/tensorboard (needs the tensorboard package)
     wandb: bool = False  # log to Weights & Biases (needs wandb and a login)
-    wandb_project: str = "groundup"
+    wandb_project: str = "groundup"  # Weights & Biases project the run logs to
 
 
 @dataclass
 class DistributedConfig:
     # Chosen when launched by torchrun with more than one process; one process ignores it.
-    strategy: Literal["ddp", "fsdp"] = "ddp"
+    strategy: Literal["ddp", "fsdp"] = "ddp"  # ddp: a full model copy per process; fsdp: sharded (FSDP2)
     backend: Literal["auto", "nccl", "gloo"] = "auto"  # auto: nccl on GPUs, gloo on CPUs
     meta_init: bool = False  # FSDP: build on the meta device and initialise shards in place (big models)
     # FSDP with gradient accumulation: "every" reduce-scatters after each micro-batch, so gradients

@@ -45,7 +45,7 @@ from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
 from groundup.errors import CheckpointError
-from groundup.io import atomic_write_text
+from groundup.io import atomic_write_text, follow_umask
 from groundup.layout import checkpoints_dir, file_digest, latest_pointer, step_name
 from groundup.train.checkpoint import GROUPS_FILE, load_plain_pickle
 from groundup.train.parallelize import fuse_param_groups, fuse_state, split_names
@@ -168,7 +168,7 @@ def _tmp_dir(run_dir: Path, step: int, d) -> Path:
     if d.is_main:
         parent = checkpoints_dir(run_dir)
         parent.mkdir(parents=True, exist_ok=True)
-        name = tempfile.mkdtemp(prefix=f".{step_name(step)}.tmp-", dir=parent)
+        name = str(follow_umask(tempfile.mkdtemp(prefix=f".{step_name(step)}.tmp-", dir=parent)))
     return Path(d.broadcast(name))
 
 

@@ -262,7 +262,8 @@ def _loop(state: TrainState, log: MetricsLog, stop: dict, began: float) -> dict:
         last_loss = r.loss
         log.advance()
         _log_data_events(state, log, r)
-        if state.step % cfg.log.every == 0 or state.step == cfg.train.max_steps or r.stop:
+        # The run's first step is logged too: a short run shows its starting loss, not only its tenth step's.
+        if state.step % cfg.log.every == 0 or state.step in (1, cfg.train.max_steps) or r.stop:
             rate = interval_tokens / interval_time if interval_time else 0.0
             log.step({"step": state.step, "tokens": state.tokens, **r.metrics, "lr": r.lr, "grad_norm": r.grad_norm,
                       "grad_norm_clipped": r.grad_norm_clipped, "tokens_per_sec": rate, "mfu": rate * fpt / peak,
