@@ -34,7 +34,7 @@ from groundup.corpus import iter_corpus  # noqa: E402
 from groundup.data import ray_curate  # noqa: E402
 from groundup.data.curate_config import CurateConfig  # noqa: E402
 from groundup.data.pipeline import curate  # noqa: E402
-from groundup.data.tasks import plan_tasks  # noqa: E402
+from groundup.data.input_tasks import plan_tasks  # noqa: E402
 from groundup.errors import DataError  # noqa: E402
 from groundup.io import writer_lock  # noqa: E402
 from groundup.ray_cluster import FAULT_ENV  # noqa: E402

@@ -5,7 +5,7 @@ Text only: tokenizing comes after, in groundup.tokens.
     curate_config.py   CurateConfig: every knob of `data curate`, the published thresholds as defaults
     readers.py         how every stage reads text records (JSONL, Parquet, text, source trees): iter_records, or
                        per file iter_input_files + read_input_file; ReadStats, the counts of what reading saw
-    tasks.py           the run cut into tasks (input files, small ones grouped) and each task's records into shards
+    input_tasks.py     the run cut into tasks (input files, small ones grouped) and each task's records into shards
     curate_shard.py    ShardCurator: one shard normalised, filtered per domain, scored, redacted, hashed for dedup
     normalize.py       NFC and control-character cleanup that never changes code; the exact-dedup key
     words.py           datatrove's (spaCy's) English word splitter, ported, for the prose filters
@@ -21,7 +21,7 @@ Text only: tokenizing comes after, in groundup.tokens.
     mixing.py          the mixing plan: copies per document so each domain reaches its share of output bytes
     output.py          one curated output shard (`shards/part-NNNNN.parquet` or `.jsonl`)
     stats.py           StageStats: documents and bytes in and out of each stage, per domain and source
-    report.py          report.json and report.md of a curation run
+    curation_report.py report.json and report.md of a curation run
     ray_curate.py      `--executor ray`: RayExecutor, curation's tasks on a Ray cluster, byte-identical output
     ray_dedup.py       dedup.py's pieces as Ray tasks, each result file its completion marker
     commands.py        `groundup data curate` and `groundup data train-classifier`

@@ -37,7 +37,7 @@ def _default_filters() -> dict[str, list[str]]:
 class ReadConfig:
     max_record_bytes: int = 64 << 20  # longer JSONL lines are skipped and counted; longer files split
     default_domain: str | None = None  # domain for records and text files that name none ("text")
-    # Input files are read in tasks of at least this many bytes on disk (data/tasks.py): a larger
+    # Input files are read in tasks of at least this many bytes on disk (data/input_tasks.py): a larger
     # file is a task of its own, smaller ones are grouped with the next. Shards never span two tasks,
     # so this decides the output shards; `--executor ray` runs each task as one Ray task.
     task_bytes: int = 4 << 20

@@ -1,6 +1,6 @@
 """`curate`: the whole curation run, in three phases over shards of records.
 
-1. The inputs are planned as tasks (data/tasks.py: one per input file, small files grouped), each
+1. The inputs are planned as tasks (data/input_tasks.py: one per input file, small files grouped), each
    task's records are cut into shards (`output.shard_docs` / `shard_bytes`) and each shard is
    curated on its own (`curate_shard`), leaving its survivors, dedup hashes and counters in
    `OUT/.work/`. A shard already complete there is skipped.
@@ -44,9 +44,9 @@ from groundup.data.mixing import assign_copies, plan_mix
 from groundup.data.output import write_output_shard
 from groundup.data.ray_curate import RayExecutor
 from groundup.data.readers import ReadStats, check_inputs, no_records_error
-from groundup.data.report import build_report, write_report
+from groundup.data.curation_report import build_report, write_report
 from groundup.data.stats import StageStats
-from groundup.data.tasks import Task, cut_shards, input_fingerprint, plan_tasks, task_records
+from groundup.data.input_tasks import InputTask, cut_shards, input_fingerprint, plan_tasks, task_records
 from groundup.errors import DataError
 from groundup.io import atomic_write_json, ensure_writable_dir, read_json, writer_lock
 
@@ -77,7 +77,7 @@ def _check_manifest(work: Path, manifest: dict) -> None:
     atomic_write_json(path, manifest)
 
 
-def _local_shards(tasks: Sequence[Task], cfg: CurateConfig, read_stats: ReadStats) -> Iterator[tuple[int, list[dict]]]:
+def _local_shards(tasks: Sequence[InputTask], cfg: CurateConfig, read_stats: ReadStats) -> Iterator[tuple[int, list[dict]]]:
     """Every task's shards, read here one task after the other, numbered across tasks."""
     index = 0
     for task in tasks:
@@ -87,7 +87,7 @@ def _local_shards(tasks: Sequence[Task], cfg: CurateConfig, read_stats: ReadStat
             index += 1
 
 
-def _curate_shards(tasks: Sequence[Task], cfg: CurateConfig, work: Path, read_stats: ReadStats,
+def _curate_shards(tasks: Sequence[InputTask], cfg: CurateConfig, work: Path, read_stats: ReadStats,
                    progress: bool) -> tuple[list[dict], int]:
     """Phase 1. Returns every shard's stats (in order) and how many were skipped as complete."""
     from tqdm import tqdm
@@ -165,7 +165,7 @@ class LocalExecutor:
     def __init__(self, cfg: CurateConfig, work: Path, progress: bool):
         self.cfg, self.work, self.progress = cfg, work, progress
 
-    def curate_shards(self, tasks: Sequence[Task], read_stats: ReadStats) -> tuple[list[dict], list[dict], int]:
+    def curate_shards(self, tasks: Sequence[InputTask], read_stats: ReadStats) -> tuple[list[dict], list[dict], int]:
         """Every shard's stats and files (in order), and how many shards were complete already."""
         results, skipped = _curate_shards(tasks, self.cfg, self.work, read_stats, self.progress)
         return results, [shard_files(self.work, i) for i in range(len(results))], skipped

@@ -5,7 +5,7 @@ over the cluster:
 
 | stage | Ray tasks | datatrove |
 | --- | --- | --- |
-| read, filter, redact, hash (MinHash signatures and band keys) | one per input task (data/tasks.py) | reader + filters + MinhashDedupSignature, one task per input file |
+| read, filter, redact, hash (MinHash signatures and band keys) | one per input task (data/input_tasks.py) | reader + filters + MinhashDedupSignature, one task per input file |
 | exact duplicates | one per key bucket | (an exact-dedup stage of its own) |
 | MinHash band buckets | one per band and key bucket | MinhashDedupBuckets |
 | clusters | one union-find task | MinhashDedupCluster |
@@ -43,7 +43,7 @@ from groundup.data.dedup import DedupResult
 from groundup.data.output import write_output_shard
 from groundup.data.ray_dedup import ray_deduplicate
 from groundup.data.readers import ReadStats
-from groundup.data.tasks import Task, cut_shards, task_records
+from groundup.data.input_tasks import InputTask, cut_shards, task_records
 from groundup.io import atomic_write_json, read_json
 from groundup.ray_cluster import (fault_spec, finished_task, maybe_fault, ray_session, remove_temporaries,
                                   require_shared, run_tasks, start_task)
@@ -60,7 +60,7 @@ def _shard_curator(cfg: CurateConfig) -> ShardCurator:
     return _curator[1]
 
 
-def curate_task(task: Task, cfg: CurateConfig, task_dir: str, fault: str | None) -> dict:
+def curate_task(task: InputTask, cfg: CurateConfig, task_dir: str, fault: str | None) -> dict:
     """In a Ray worker: curate one input task's shards into `task_dir`; returns its marker."""
     directory = Path(task_dir)
     if (marker := start_task(task.files, directory, DONE_FILE)) is not None:
@@ -103,13 +103,13 @@ class RayExecutor:
         with ray_session(address):
             yield cls(cfg, work, progress)
 
-    def _task_dir(self, task: Task) -> Path:
+    def _task_dir(self, task: InputTask) -> Path:
         return self.work / "tasks" / task.name
 
-    def _marker(self, task: Task) -> dict | None:
+    def _marker(self, task: InputTask) -> dict | None:
         return finished_task(self._task_dir(task), DONE_FILE, task, "use a new --out directory")
 
-    def curate_shards(self, tasks: Sequence[Task], read_stats: ReadStats) -> tuple[list[dict], list[dict], int]:
+    def curate_shards(self, tasks: Sequence[InputTask], read_stats: ReadStats) -> tuple[list[dict], list[dict], int]:
         import ray
 
         (self.work / "tasks").mkdir(parents=True, exist_ok=True)

@@ -23,7 +23,7 @@ Problems never stop the read: they are counted in `ReadStats` with the first few
 Only input that yields no record at all raises `DataError`.
 
 `iter_records` is `iter_input_files` (every file, in reading order) and `read_input_file` (one
-file's records) put together; the data stages that cut their work per file (`data/tasks.py`) call
+file's records) put together; the data stages that cut their work per file (`data/input_tasks.py`) call
 the two themselves.
 """
 

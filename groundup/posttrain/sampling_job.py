@@ -26,7 +26,7 @@ import math
 import os
 from pathlib import Path
 
-from groundup.data.tasks import input_fingerprint
+from groundup.data.input_tasks import input_fingerprint
 from groundup.errors import DataError
 from groundup.io import atomic_write_json, read_json, writer_lock
 from groundup.layout import resolve_model_dir

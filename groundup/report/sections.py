@@ -33,7 +33,7 @@ def stages_section(stages: dict) -> list[str]:
 def curation_section(report: dict) -> list[str]:
     """Documents and bytes per domain and source, each filter's effect per domain, dedup and mix.
 
-    Reads the `report.json` of `groundup data curate` (see groundup/data/report.py for its keys).
+    Reads the `report.json` of `groundup data curate` (see groundup/data/curation_report.py for its keys).
     """
     out = ["## Curation", ""]
     totals = report.get("totals") or {}

@@ -1,6 +1,6 @@
 """`data tokenize --executor ray`: encoding on a Ray cluster, one task per input file, then one merge.
 
-As datatrove's DocumentTokenizer and DocumentTokenizerMerger: each task (data/tasks.py: an input
+As datatrove's DocumentTokenizer and DocumentTokenizerMerger: each task (data/input_tasks.py: an input
 file, small files grouped to `task_bytes`) encodes its records and leaves, in
 `OUT/.work/tasks/NNNNN/`:
 
@@ -36,7 +36,7 @@ from typing import Iterator
 import numpy as np
 
 from groundup.data.readers import ReadStats, no_records_error
-from groundup.data.tasks import Task, input_fingerprint, plan_tasks, task_records
+from groundup.data.input_tasks import InputTask, input_fingerprint, plan_tasks, task_records
 from groundup.errors import DataError
 from groundup.io import atomic_open, atomic_write_json, ensure_writable_dir, read_json
 from groundup.ray_cluster import fault_spec, finished_task, maybe_fault, run_tasks, start_task
@@ -58,7 +58,7 @@ def _tokenizer(refs: list, tok_hash: str):
     return _tokenizers[tok_hash]
 
 
-def encode_task(task: Task, tok_refs: list, tok_hash: str, cfg, dtype: str, task_dir: str, fault: str | None) -> dict:
+def encode_task(task: InputTask, tok_refs: list, tok_hash: str, cfg, dtype: str, task_dir: str, fault: str | None) -> dict:
     """In a Ray worker: encode one task's records into `task_dir`; returns its marker."""
     directory = Path(task_dir)
     if (marker := start_task(task.files, directory, DONE_FILE)) is not None:
@@ -120,7 +120,7 @@ def discard_work(out: Path) -> None:
         shutil.rmtree(work)
 
 
-def _marker(directory: Path, task: Task) -> dict | None:
+def _marker(directory: Path, task: InputTask) -> dict | None:
     return finished_task(directory, DONE_FILE, task, f"remove {directory.parent.parent} and run again")
 
 

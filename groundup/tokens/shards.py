@@ -74,7 +74,7 @@ class TokenizeConfig:
     split_group: str = ""
     split_group_fraction: float = 0.0  # the share of groups held out; 0: val_fraction
     # --executor ray: one task per input file, smaller files grouped to at least this many bytes on
-    # disk (data/tasks.py). Only the number of Ray tasks depends on it, never the output.
+    # disk (data/input_tasks.py). Only the number of Ray tasks depends on it, never the output.
     task_bytes: int = 1 << 20
 
     def validate(self) -> None:

@@ -22,7 +22,7 @@ from groundup.data.readers import InputFile, ReadStats, iter_input_files, read_i
 
 
 @dataclasses.dataclass(frozen=True)
-class Task:
+class InputTask:
     index: int
     files: tuple[InputFile, ...]
     bytes: int  # on disk, compressed or not
@@ -44,23 +44,23 @@ def _size(path: Path) -> int:
         return 0
 
 
-def plan_tasks(paths: Sequence[str | Path], task_bytes: int) -> list[Task]:
+def plan_tasks(paths: Sequence[str | Path], task_bytes: int) -> list[InputTask]:
     """Every input file in reading order, grouped into tasks of at least `task_bytes` bytes on disk."""
-    tasks: list[Task] = []
+    tasks: list[InputTask] = []
     group: list[InputFile] = []
     size = 0
     for file in iter_input_files(paths):
         group.append(file)
         size += _size(file.path)
         if size >= task_bytes:
-            tasks.append(Task(len(tasks), tuple(group), size))
+            tasks.append(InputTask(len(tasks), tuple(group), size))
             group, size = [], 0
     if group:
-        tasks.append(Task(len(tasks), tuple(group), size))
+        tasks.append(InputTask(len(tasks), tuple(group), size))
     return tasks
 
 
-def task_records(task: Task, stats: ReadStats, default_domain: str | None = None,
+def task_records(task: InputTask, stats: ReadStats, default_domain: str | None = None,
                  max_record_bytes: int = 64 << 20) -> Iterator[dict]:
     """The records of a task's files, in order; problems are counted in `stats`."""
     for file in task.files:
