@@ -20,7 +20,7 @@ def test_the_compiled_decode_step_gives_the_tokens_of_the_eager_one():
     compiled = Generator(model, tok, compile=True)
     assert compiled.generate_ids(prompts, max_new_tokens=12, temperature=0, stop_ids=()) == eager
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
-    # A longer run needs a longer cache buffer: its length is a dynamic dimension, so no recompile.
+    # A longer run needs a bigger pool and longer gathers: dynamic dimensions, so no recompile.
     longer = compiled.generate_ids(prompts, max_new_tokens=40, temperature=0, stop_ids=())
     assert [row[:12] for row in longer] == eager
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs == 1

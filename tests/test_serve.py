@@ -270,14 +270,17 @@ def test_streams_never_send_half_a_character_or_part_of_a_stop_string(model):
     forced = [by_bytes[b] for b in (b"A", b"\xc3", b"\xa9", b"B", b"x", b"y", b"z")]
     calls = {"n": 0}
 
-    def force(module, args, out):
-        out.logits.fill_(-1e9)
-        out.logits[..., forced[min(calls["n"], len(forced) - 1)]] = 0.0
-        calls["n"] += 1
-        return out
+    def forcing(logits_of):  # every logits the engine computes (prefill and decode) go through model.logits
+        def logits(x):
+            out = logits_of(x).fill_(-1e9)
+            out[..., forced[min(calls["n"], len(forced) - 1)]] = 0.0
+            calls["n"] += 1
+            return out
+        return logits
 
     with TestClient(create_app(make_server(copy.deepcopy(model)))) as c:
-        c.app.state.server.model.register_forward_hook(force)
+        served = c.app.state.server.model
+        served.logits = forcing(served.logits)
         chunks = events(c, "/v1/completions", {"prompt": "Q", "max_tokens": 7, "stop": ["xy"], "stream": True,
                                                "temperature": 0})
     pieces = [ch["choices"][0]["text"] for ch in chunks]

@@ -20,7 +20,7 @@ from groundup.model.logprobs import token_stats
 from groundup.model.lora import LoraConfig
 from groundup.serve.adapters import AdapterBank
 from groundup.serve.app import create_app
-from groundup.serve.scheduler import Job, Scheduler
+from groundup.serve.scheduler import Job, Scheduler, make_job
 from infer_helpers import VOCAB, model_dir, small_tokenizer
 from serve_helpers import make_adapter, make_server, served_model
 
@@ -48,19 +48,20 @@ def _run(coro):
 
 @pytest.mark.parametrize("variant", ["gqa", "mla"])
 def test_rows_joining_and_leaving_decode_as_the_engine(variant):
-    """3 slots, 8 requests arriving over time with different prompt and output lengths; a tiny
-    headroom makes the cache compact many times. Greedy and seeded sampling equal the engine's."""
+    """3 slots, 8 requests arriving over time with different prompt and output lengths; a KV pool of one
+    context (64 tokens, blocks of 4) makes rows cross blocks, and the newest be preempted and resumed.
+    Greedy and seeded sampling equal the engine's."""
     tok = small_tokenizer()
-    model = served_model(**(MLA if variant == "mla" else {}))
+    model = served_model(max_seq_len=64, **(MLA if variant == "mla" else {}))
     gen = Generator(copy.deepcopy(model), tok)
     cfgs = [SamplingConfig(max_new_tokens=6 + 5 * i, temperature=0.0 if i % 2 else 0.9, seed=i, stop=["\n\n"])
             for i in range(len(PROMPTS))]
 
     async def main():
-        sched = Scheduler(model, tok, max_batch=3, cache_headroom=4)
+        sched = Scheduler(model, tok, max_batch=3, kv_blocks=model.cfg.max_seq_len // 4 + 1, block_size=4)
         sched.start()
         try:
-            jobs = [Job(gen.encode_prompts([p], c)[0], c) for p, c in zip(PROMPTS, cfgs)]
+            jobs = [make_job(gen.encode_prompts([p], c)[0], c) for p, c in zip(PROMPTS, cfgs)]
             results = await asyncio.gather(*(_collect(sched, j, delay=0.003 * i) for i, j in enumerate(jobs)))
         finally:
             sched.stop()
@@ -70,7 +71,7 @@ def test_rows_joining_and_leaving_decode_as_the_engine(variant):
     for prompt, cfg, (text, finish) in zip(PROMPTS, cfgs, results):
         ref = gen.complete([prompt], cfg)[0]
         assert (text, finish) == (ref.text, ref.finish_reason), prompt
-    assert sched.cache.compactions > 0 and sched.running == 0 and sched.cache.n == 0
+    assert sched.core.preemptions > 0 and sched.running == 0 and sched.kv_blocks_used[0] == 0
 
 
 def test_short_requests_are_not_held_behind_long_ones():
@@ -82,9 +83,9 @@ def test_short_requests_are_not_held_behind_long_ones():
         sched.start()
         order: list[Job] = []
         try:
-            long = Job([tok.eot_id] + tok.encode("To be"), SamplingConfig(max_new_tokens=200, temperature=0),
+            long = make_job([tok.eot_id] + tok.encode("To be"), SamplingConfig(max_new_tokens=200, temperature=0),
                        ignore_eos=True)
-            shorts = [Job([tok.eot_id] + tok.encode(p), SamplingConfig(max_new_tokens=4, temperature=0), ignore_eos=True)
+            shorts = [make_job([tok.eot_id] + tok.encode(p), SamplingConfig(max_new_tokens=4, temperature=0), ignore_eos=True)
                       for p in PROMPTS[:3]]
             task = asyncio.ensure_future(_collect(sched, long, order))
             while long.first_token_at is None:  # the long one is decoding
@@ -109,7 +110,7 @@ def test_a_cancelled_request_frees_its_slot_at_once():
         sched = Scheduler(served_model(), tok, max_batch=2)
         sched.start()
         try:
-            job = Job([tok.eot_id], SamplingConfig(max_new_tokens=250, temperature=0), ignore_eos=True)
+            job = make_job([tok.eot_id], SamplingConfig(max_new_tokens=250, temperature=0), ignore_eos=True)
             queue: asyncio.Queue = asyncio.Queue()
             sched.submit(job, queue)
             await queue.get()
@@ -119,12 +120,12 @@ def test_a_cancelled_request_frees_its_slot_at_once():
                 if sched.running == 0:
                     break
                 await asyncio.sleep(0.005)
-            return sched.running, sched.steps
+            return sched.running, sched.steps, sched.kv_blocks_used[0]
         finally:
             sched.stop()
 
-    running, steps = _run(main())
-    assert running == 0 and steps < 100
+    running, steps, blocks = _run(main())
+    assert running == 0 and steps < 100 and blocks == 0  # its blocks are back in the pool
 
 
 # ---------------------------------------------------------------------- adapters

@@ -1,13 +1,17 @@
-"""Inference: the generation engine, sampling, and the `generate` / `chat` commands.
+"""Inference: the one generation engine, sampling, and the `generate` / `chat` commands.
 
     from groundup.infer import Generator
     gen = Generator.from_checkpoint("out/model")          # or a training run directory
     print(gen.generate(["To be, or not"], max_new_tokens=32, temperature=0)[0])
 
-    engine.py          Generator: prompts or chats in, text out (batched lockstep decode over a KV cache, streamed)
+    core.py            EngineCore: requests join and leave one running batch (admit, prefill, decode, sample,
+                       preempt); the server drives it from its thread, Generator synchronously
+    kv_blocks.py       the paged KV cache: BlockPool (blocks, reference counts, the prefix cache), KVPages, PagedView
+    paged_decode.py    DecodeStep: one token per sequence over the pages, eager or torch.compile'd (one graph)
+    engine.py          Generator: prompts or chats in, text out (batched, streamed) through the core
+    prompts.py         PromptEncoder: the one prompt path (prefix, special-token spellings, chat format), serve's too
     sampling.py        SamplingConfig and Sampler: greedy, temperature, top-k, top-p, min-p, repetition penalty
     text_stream.py     TextStream: token ids to text as it becomes final (incremental UTF-8, stop strings)
-    static_decode.py   StaticDecoder: the engine's `compile=True` decode step, torch.compile'd over preallocated buffers
     chat.py            ChatSession (history trimmed to fit the context) and the terminal loop of `groundup chat`
     commands.py        `groundup generate` (with best-of-n by reward) and `groundup chat`
 """

@@ -1,4 +1,4 @@
-"""The generation engine: a checkpoint and its tokenizer in, text out (batched, streamed or both).
+"""The synchronous driver of the one engine: a checkpoint and its tokenizer in, text out (batched, streamed).
 
     gen = Generator.from_checkpoint("out/model", device="cpu", dtype="float32")
     gen.generate(["To be, or", "def main("], max_new_tokens=64, temperature=0.8, top_p=0.95, seed=1)
@@ -7,14 +7,21 @@
     for piece in gen.chat([{"role": "user", "content": "What is 2+3?"}]):
         ...
 
-A batch of prompts is left-padded to its longest prompt and decoded in lockstep: one prefill over
-the whole batch into a preallocated KV cache, then one token per row per step (padding is masked
-and RoPE positions start at each row's first real token, so a row decodes exactly as it would
-alone). A row stops at end-of-text, end-of-turn or one of the caller's stop strings; the batch
-stops when every row has, or after `max_new_tokens`.
+Every call hands its prompts to the engine core (core.py: continuous batching over the paged KV
+cache, prefix caching) as requests and steps it until they are done: `generate`, `chat`, evaluation,
+GRPO and RFT sampling and `data pairs` all run here, and the server drives the same core from its
+thread. Row i of a call samples with seed `seed + i`, so a row decodes exactly as it would alone
+(the same prompt with that seed gives the same tokens), and equal prompts in one call are one
+request with several choices: the prompt is prefilled once. A row stops at end-of-text, end-of-turn
+or one of the caller's stop strings, or after `max_new_tokens`.
 
-A plain prompt is encoded after the end-of-text id, the context every training document starts in
-(token shards separate documents with it); a chat is rendered by the tokenizer's chat format.
+The prefix cache lives as long as the Generator, and is cleared when the model's weights changed
+since the last call (a training step between two GRPO samplings): cached K/V is only reused for the
+weights that computed it.
+
+Prompts are encoded by prompts.PromptEncoder, the path the server takes too: a plain prompt after the
+tokenizer's prefix (groundup's end-of-text, the context every training document starts in), with
+special-token spellings read as those tokens; a chat rendered by the tokenizer's chat format.
 
 Context: `max_new_tokens` is capped by the room the model's context leaves after the prompt. A
 prompt that leaves no room is an error, or with `overflow="truncate"` loses tokens from its start
@@ -23,6 +30,8 @@ until the requested new tokens fit.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -30,12 +39,10 @@ from typing import Iterator, Sequence
 import torch
 
 from groundup.errors import CheckpointError, DataError
-from groundup.infer.sampling import Sampler, SamplingConfig
-from groundup.infer.static_decode import StaticDecoder
-from groundup.infer.text_stream import TextStream
+from groundup.infer.core import EngineCore, ErrorEvent, Request, TokenEvent
+from groundup.infer.prompts import PromptEncoder
+from groundup.infer.sampling import SamplingConfig
 from groundup.loading import load_for_inference
-from groundup.model.heads import Logits
-from groundup.model.kv_cache import KVCache
 from groundup.model.transformer import Transformer
 
 
@@ -51,11 +58,11 @@ class Completion:
 
 
 class Generator:
-    def __init__(self, model: Transformer, tokenizer, compile: bool = False):
-        """`compile`: decode through a torch.compile'd step (see static_decode; ~2x faster decoding here
-        after about a minute of compiling per batch size). The model's train/eval mode is left as it is:
-        each generation runs in eval mode and restores the mode it found (GRPO samples from the policy
-        it trains)."""
+    def __init__(self, model: Transformer, tokenizer, compile: bool = False, block_size: int = 16):
+        """`compile`: decode through a torch.compile'd step (paged_decode.py; about a minute of compiling
+        once, then ~2x faster decoding on CPU). The model's train/eval mode is left as it is: each
+        generation runs in eval mode and restores the mode it found (GRPO samples from the policy it
+        trains)."""
         self.model = model
         self.tokenizer = tokenizer
         self.cfg = model.cfg
@@ -66,7 +73,9 @@ class Generator:
                                   f"{self.cfg.vocab_size}: they were not trained together")
         self.stop_ids = set(tokenizer.stop_ids)
         self.prompt_prefix = list(tokenizer.prefix_ids)  # what the tokenizer puts before a document
-        self.static = StaticDecoder(model) if compile else None
+        self.prompts = PromptEncoder(tokenizer)  # the one prompt path (the server's too)
+        self.core = EngineCore(model, tokenizer, max_batch=1, kv_blocks=2, block_size=block_size, compile=compile)
+        self._weights = None  # the weights' versions when the prefix cache was filled
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, device: str | torch.device = "cpu",
@@ -97,18 +106,24 @@ class Generator:
         """`complete` for prompts given as token ids (used as they are: no prefix is added)."""
         cfg = SamplingConfig.make(sampling, **options)
         rows = [self.fit(list(r), cfg, i) for i, r in enumerate(rows)]
-        streams = self._streams(len(rows), cfg)
-        scores: list[list] | None = [[] for _ in rows] if cfg.logprobs else None
-        for _ in self._stream_rows(rows, cfg, streams, scores):
-            pass
-        out = []
-        for b, (s, r) in enumerate(zip(streams, rows)):
-            c = Completion(s.text, s.token_ids, s.finish_reason, len(r))
-            if scores is not None:
-                c.logprobs = [lp for lp, _, _ in scores[b]]
-                c.top_logprobs = [top for _, top, _ in scores[b]] if cfg.top_logprobs else None
-                c.entropies = [h for _, _, h in scores[b]]
-            out.append(c)
+        out = [Completion("", [], "length", len(r)) for r in rows]
+        if cfg.logprobs:
+            for c in out:
+                c.logprobs, c.entropies = [], []
+                c.top_logprobs = [] if cfg.top_logprobs else None
+        for events in self._run(rows, cfg):
+            for b, e in events:
+                c = out[b]
+                c.text += e.text
+                if e.token is not None:
+                    c.token_ids.append(e.token)
+                    if cfg.logprobs:
+                        c.logprobs.append(e.logprob)
+                        c.entropies.append(e.entropy)
+                        if cfg.top_logprobs:
+                            c.top_logprobs.append(e.top)
+                if e.finish_reason is not None:
+                    c.finish_reason = e.finish_reason
         return out
 
     def stream(self, prompt: str, sampling: SamplingConfig | None = None, **options) -> Iterator[str]:
@@ -121,13 +136,16 @@ class Generator:
         """Per step, the new text of every row ('' for a row with nothing new or already done)."""
         cfg = SamplingConfig.make(sampling, **options)
         rows = self.encode_prompts(prompts, cfg)
-        return self._stream_rows(rows, cfg, self._streams(len(rows), cfg))
+        for events in self._run(rows, cfg):
+            deltas = [""] * len(rows)
+            for b, e in events:
+                deltas[b] += e.text
+            yield deltas
 
     def chat(self, messages: Sequence[dict], sampling: SamplingConfig | None = None, **options) -> Iterator[str]:
         """The assistant's reply to a conversation, streamed; it ends at end-of-turn."""
         cfg = SamplingConfig.make(sampling, **options)
-        ids, _ = self.tokenizer.render_chat(messages, add_generation_prompt=True)
-        return self._stream_one([self.fit(ids, cfg)], cfg)
+        return self._stream_one([self.fit(self.prompts.chat(messages), cfg)], cfg)
 
     def generate_ids(self, prompt_ids: Sequence[Sequence[int]], sampling: SamplingConfig | None = None,
                      stop_ids: Sequence[int] | None = None, **options) -> list[list[int]]:
@@ -135,20 +153,12 @@ class Generator:
         turn; pass () to always generate max_new_tokens). No prefix is added to the prompts."""
         cfg = SamplingConfig.make(sampling, **options)
         rows = [self.fit(list(ids), cfg, i) for i, ids in enumerate(prompt_ids)]
-        stops = self.stop_ids if stop_ids is None else set(stop_ids)
         out: list[list[int]] = [[] for _ in rows]
-        done = [False] * len(rows)
-        steps = self._token_steps(rows, cfg)
-        try:
-            for tokens, _ in steps:
-                for b, t in enumerate(tokens):
-                    if not done[b]:
-                        out[b].append(t)
-                        done[b] = t in stops
-                if all(done):
-                    break
-        finally:
-            steps.close()
+        stops = None if stop_ids is None else frozenset(stop_ids)
+        for events in self._run(rows, dataclasses.replace(cfg, stop=[]), stops):
+            for b, e in events:
+                if e.token is not None:
+                    out[b].append(e.token)
         return out
 
     # ------------------------------------------------------------------ prompts and context
@@ -161,8 +171,7 @@ class Generator:
         for i, p in enumerate(prompts):
             if not isinstance(p, str):
                 raise DataError(f"prompt {i}: expected a string, got {type(p).__name__}")
-        encoded = self.tokenizer.encode_batch(prompts)
-        return [self.fit(self.prompt_prefix + ids, cfg, i) for i, ids in enumerate(encoded)]
+        return [self.fit(ids, cfg, i) for i, ids in enumerate(self.prompts.encode_batch(prompts))]
 
     def fit(self, ids: list[int], cfg: SamplingConfig, index: int = 0) -> list[int]:
         """Apply the overflow policy to one prompt's ids."""
@@ -176,72 +185,52 @@ class Generator:
                             "shorten it, or ask for left truncation (--truncate, overflow='truncate')")
         return ids  # generation stops when the context is full
 
-    # ------------------------------------------------------------------ decoding
-
-    def _streams(self, n: int, cfg: SamplingConfig) -> list[TextStream]:
-        return [TextStream(self.tokenizer, self.stop_ids, cfg.stop) for _ in range(n)]
+    # ------------------------------------------------------------------ driving the core
 
     def _stream_one(self, rows: list[list[int]], cfg: SamplingConfig) -> Iterator[str]:
-        for deltas in self._stream_rows(rows, cfg, self._streams(1, cfg)):
-            if deltas[0]:
-                yield deltas[0]
+        for events in self._run(rows, cfg):
+            piece = "".join(e.text for _, e in events)
+            if piece:
+                yield piece
 
-    def _stream_rows(self, rows: list[list[int]], cfg: SamplingConfig, streams: list[TextStream],
-                     scores: list[list] | None = None) -> Iterator[list[str]]:
-        """Per step, each row's new text; `scores[b]` collects (log p, top-k) of each token row b keeps."""
-        steps = self._token_steps(rows, cfg)
-        try:
-            for tokens, scored in steps:
-                deltas = []
-                for b, (s, t) in enumerate(zip(streams, tokens)):
-                    if scores is not None and not s.done:
-                        scores[b].append(scored[b])
-                    deltas.append(s.push(t))
-                yield deltas
-                if all(s.done for s in streams):
-                    break
-        finally:
-            steps.close()
-        tail = [s.finish("length") for s in streams]
-        if any(tail):
-            yield tail
-
-    def _token_steps(self, rows: list[list[int]], cfg: SamplingConfig) -> Iterator[tuple[list[int], list | None]]:
-        """Each step, the next token of every row (and with cfg.logprobs, each row's (log p, top-k)):
-        prefill once, then decode one token at a time, in eval mode (the caller's mode is restored)."""
+    def _run(self, rows: list[list[int]], cfg: SamplingConfig,
+             stop_ids: frozenset[int] | None = None) -> Iterator[list[tuple[int, TokenEvent]]]:
+        """Per engine step, (row, event) of every row that moved; equal prompts are one request. The
+        model runs in eval mode; the caller's mode is restored."""
+        core = self.core
+        if core.has_work():
+            raise RuntimeError("a Generator runs one call at a time (finish or close the last stream first)")
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for b, r in enumerate(rows):
+            groups.setdefault(tuple(r), []).append(b)
+        size = core.block_size
+        need = sum(math.ceil(min(len(r) + cfg.max_new_tokens, self.cfg.max_seq_len) / size) + 1 for r in rows)
+        core.max_batch = max(len(rows), 1)
+        core.max_prefill_tokens = min(max(sum(map(len, rows)), 1), 1 << 16)  # a batch call prefills at once
+        core.ensure_blocks(need + 1)
+        weights = tuple(p._version for p in self.model.parameters())
+        if weights != self._weights:
+            core.clear_prefix_cache()
+            self._weights = weights
+        where: dict[tuple[int, int], int] = {}
+        for ids, members in groups.items():
+            request = Request(list(ids), cfg, seeds=[cfg.seed + b for b in members],
+                              stop_ids=frozenset(self.stop_ids) if stop_ids is None else stop_ids)
+            for i, b in enumerate(members):
+                where[(request.id, i)] = b
+            core.add(request)
         was_training = self.model.training
         self.model.eval()
         try:
-            yield from self._decode(rows, cfg)
+            while core.has_work():
+                events = core.step()
+                moved = []
+                for e in events:
+                    if isinstance(e, ErrorEvent):
+                        raise DataError(e.message)
+                    moved.append((where[(e.request.id, e.index)], e))
+                if moved:
+                    yield moved
         finally:
             self.model.train(was_training)
-
-    def _decode(self, rows: list[list[int]], cfg: SamplingConfig) -> Iterator[tuple[list[int], list | None]]:
-        longest = max(len(r) for r in rows)
-        n_new = min(cfg.max_new_tokens, self.cfg.max_seq_len - longest)
-        pad = [longest - len(r) for r in rows]
-        filler = self.tokenizer.pad_id if self.tokenizer.pad_id is not None else self.tokenizer.eot_id  # masked anyway
-        ids = torch.full((len(rows), longest), filler, dtype=torch.long)
-        for b, r in enumerate(rows):
-            ids[b, pad[b]:] = torch.tensor(r, dtype=torch.long)
-        ids = ids.to(self.device)
-        pad_lens = torch.tensor(pad, device=self.device) if any(pad) else None
-        sampler = Sampler(cfg, rows, self.tokenizer.vocab_size, self.device)
-        if self.static is not None:
-            cache = self.static.new_cache(len(rows), longest + n_new, pad_lens)
-            step = self.static.step
-        else:
-            cache = KVCache(self.cfg, len(rows), longest + n_new, self.device, self.dtype, pad_lens)
-            step = self._eager_step
-        with torch.inference_mode():
-            logits = self.model(ids, head=Logits(last_only=True), cache=cache).logits[:, -1]
-            tokens = sampler(logits)
-        for i in range(n_new):
-            yield tokens.tolist(), sampler.scores(logits, tokens) if cfg.logprobs else None
-            if i + 1 < n_new:
-                with torch.inference_mode():
-                    logits = step(tokens[:, None], cache)
-                    tokens = sampler(logits)
-
-    def _eager_step(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
-        return self.model(tokens, cache=cache).logits[:, -1]
+            core.abort_all()  # an abandoned stream or an error leaves nothing running

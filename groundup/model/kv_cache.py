@@ -1,7 +1,7 @@
-"""A preallocated (static) KV cache for incremental decoding.
+"""A preallocated KV cache for one batch scored or decoded together (evaluation's shared prefixes).
 
-Buffers for `max_len` positions are allocated once, so decoding never reallocates and shapes stay
-static for `torch.compile`. Rows of a batch may be left-padded to a common prompt length:
+Buffers for `max_len` positions are allocated once, so decoding never reallocates. Generation runs on
+the engine's paged cache instead (infer/kv_blocks.py), where sequences come and go. Rows of a batch may be left-padded to a common prompt length:
 `pad_lens[b]` leading positions of row b are masked out and RoPE positions start after them, so a
 padded row decodes exactly as it would alone.
 
@@ -29,21 +29,6 @@ class LayerCache:
         self.a.narrow(self.seq_dim, self.start, end - self.start).copy_(a_new)
         self.b.narrow(self.seq_dim, self.start, end - self.start).copy_(b_new)
         return self.a.narrow(self.seq_dim, 0, end), self.b.narrow(self.seq_dim, 0, end)
-
-
-class StaticLayerCache:
-    """A layer's buffers written at a position held in a tensor (no Python int moves, so a compiled
-    decode step serves every position); attention sees the first `span` positions: the whole
-    buffer, with unwritten positions masked (fixed shapes for CUDA graphs), or the filled prefix
-    (a dynamic dimension for torch.compile on CPU)."""
-
-    def __init__(self, a: torch.Tensor, b: torch.Tensor, seq_dim: int, pos: torch.Tensor, span: int):
-        self.a, self.b, self.seq_dim, self.pos, self.span = a, b, seq_dim, pos, span
-
-    def update(self, a_new: torch.Tensor, b_new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        self.a.index_copy_(self.seq_dim, self.pos, a_new)
-        self.b.index_copy_(self.seq_dim, self.pos, b_new)
-        return self.a.narrow(self.seq_dim, 0, self.span), self.b.narrow(self.seq_dim, 0, self.span)
 
 
 class KVCache:

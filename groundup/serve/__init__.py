@@ -3,7 +3,7 @@ many LoRA adapters in one batch, echo + log-probs for evaluation harnesses, metr
 
     app.py          the routes, errors, API key             protocol.py   request models and validation
     generation.py   requests -> jobs -> responses           streaming.py  server-sent events
-    scheduler.py    the decode loop (continuous batching)   batch_cache.py a KV cache with a length per row
+    scheduler.py    the thread that drives the engine core (groundup/infer/core.py): continuous batching, paged KV
     adapters.py     multi-LoRA on one base                  tokens.py     prompts, chats, token strings
     responses.py    OpenAI's response objects               metrics.py    Prometheus text
     server.py       what one serving process holds          page.py/.html the chat page

@@ -41,9 +41,9 @@ def serve_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-prefill-tokens", type=int, default=2048,
                    help="prompt tokens prefilled between two decode steps; more: new requests start sooner, "
                         "running ones pause longer (default: 2048)")
-    g.add_argument("--cache-headroom", type=int, default=None,
-                   help="KV cache columns past the context per slot; the cache shifts once per this many steps "
-                        "(default: max(64, context / 2))")
+    g.add_argument("--kv-blocks", type=int, default=None,
+                   help="KV cache blocks of 16 tokens shared by every request (default: --max-batch full contexts); "
+                        "when they run out the newest request waits and is resumed later")
     g.add_argument("--grace", type=float, default=30.0, help="seconds in-flight requests get at shutdown (default: 30)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument("--access-log", action="store_true", help="log every request")
@@ -74,7 +74,7 @@ def build_server(args: argparse.Namespace):
     adapters = parse_adapters(args.adapter)
     limits = Limits(max_batch=args.max_batch, max_tokens=args.max_tokens, max_n=args.max_n,
                     max_body_bytes=args.max_body_bytes, max_waiting=args.max_waiting,
-                    max_prefill_tokens=args.max_prefill_tokens, cache_headroom=args.cache_headroom)
+                    max_prefill_tokens=args.max_prefill_tokens, kv_blocks=args.kv_blocks)
     limits.validate()
     model, tok = load_for_inference(args.model, args.device, args.dtype, args.tokenizer)
     name = args.name or Path(args.model).resolve().name

@@ -23,7 +23,7 @@ from groundup.infer.sampling import SamplingConfig
 from groundup.serve import responses as R
 from groundup.serve.protocol import APIError, ChatCompletionRequest, CompletionRequest
 from groundup.serve.responses import ChoiceLog
-from groundup.serve.scheduler import Busy, ErrorEvent, Job, PromptEvent
+from groundup.serve.scheduler import Busy, ErrorEvent, Job, PromptEvent, make_job
 
 
 @dataclass
@@ -125,7 +125,7 @@ def plan_completion(server, req: CompletionRequest) -> Plan:
     jobs = []
     for i, ids in enumerate(prompts):
         max_new = _max_new(server, len(ids), req.max_tokens, 16, "max_tokens", echo_only_ok=req.echo)
-        jobs.append(Job(ids, _sampling(req, max_new, k), n=req.n, adapter=adapter,
+        jobs.append(make_job(ids, _sampling(req, max_new, k), n=req.n, adapter=adapter,
                         prompt_logprobs=k if (req.echo and k is not None) else None, generate=not echo_only,
                         base_index=i * req.n, ignore_eos=req.ignore_eos))
     return Plan(False, name, jobs, req.n, req.stream, echo=req.echo, prompt_texts=texts, logprobs=k,
@@ -140,7 +140,7 @@ def plan_chat(server, req: ChatCompletionRequest) -> Plan:
     max_new = _max_new(server, len(ids), req.token_limit, None, param, echo_only_ok=False)
     k = (req.top_logprobs or 0) if req.logprobs else None
     include_usage, continuous = _stream_flags(req)
-    job = Job(ids, _sampling(req, max_new, k), n=req.n, adapter=adapter, ignore_eos=req.ignore_eos)
+    job = make_job(ids, _sampling(req, max_new, k), n=req.n, adapter=adapter, ignore_eos=req.ignore_eos)
     return Plan(True, name, [job], req.n, req.stream, logprobs=k, include_usage=include_usage,
                 continuous_usage=continuous)
 

@@ -5,6 +5,9 @@
     groundup_generation_tokens_total               counter: tokens generated
     groundup_decode_steps_total                    counter: batched decode steps
     groundup_requests_running / _waiting           gauges: rows in the batch, requests queued
+    groundup_kv_blocks_used, _kv_cache_usage_perc  gauges: paged KV blocks held, their share of the pool
+    groundup_prefix_cache_queries / _hits_total    counters: full prompt blocks looked up / found cached
+    groundup_preemptions_total                     counter: sequences preempted (the blocks ran out)
     groundup_batch_size                            histogram: rows per decode step
     groundup_time_to_first_token_seconds           histogram: arrival to first token (queue + prefill)
     groundup_request_duration_seconds              histogram: whole requests, by endpoint
@@ -54,6 +57,7 @@ class Metrics:
         self.prompt = 0
         self.generated = 0
         self.steps = 0
+        self.prefix_queries = self.prefix_hits = self.preemptions = 0
         self.batch = Histogram(BATCH_BUCKETS)
         self.ttft = Histogram(TTFT_BUCKETS)
         self.durations: dict[str, Histogram] = {}
@@ -84,11 +88,21 @@ class Metrics:
         with self.lock:
             self.ttft.observe(seconds)
 
+    def prefix_cache(self, queries: int, hits: int) -> None:
+        with self.lock:
+            self.prefix_queries += queries
+            self.prefix_hits += hits
+
+    def preempted(self) -> None:
+        with self.lock:
+            self.preemptions += 1
+
     # ------------------------------------------------------------------ exposition
 
     def render(self) -> str:
         running = self.scheduler.running if self.scheduler is not None else 0
         waiting = self.scheduler.queued if self.scheduler is not None else 0
+        blocks_used, blocks = self.scheduler.kv_blocks_used if self.scheduler is not None else (0, 1)
         with self.lock:
             lines = ["# HELP groundup_requests_total HTTP requests answered, by endpoint and status code.",
                      "# TYPE groundup_requests_total counter"]
@@ -99,7 +113,15 @@ class Metrics:
                     ("groundup_generation_tokens_total", "counter", self.generated, "Tokens generated."),
                     ("groundup_decode_steps_total", "counter", self.steps, "Batched decode steps."),
                     ("groundup_requests_running", "gauge", running, "Rows (choices) in the running batch."),
-                    ("groundup_requests_waiting", "gauge", waiting, "Requests waiting for a batch slot.")):
+                    ("groundup_requests_waiting", "gauge", waiting, "Requests waiting for a batch slot."),
+                    ("groundup_kv_blocks_used", "gauge", blocks_used, "KV cache blocks held by sequences."),
+                    ("groundup_kv_cache_usage_perc", "gauge", blocks_used / max(1, blocks), "Share of KV blocks in use."),
+                    ("groundup_prefix_cache_queries_total", "counter", self.prefix_queries,
+                     "Full prompt blocks looked up in the prefix cache."),
+                    ("groundup_prefix_cache_hits_total", "counter", self.prefix_hits,
+                     "Full prompt blocks found in the prefix cache (not prefilled)."),
+                    ("groundup_preemptions_total", "counter", self.preemptions,
+                     "Sequences preempted when the KV blocks ran out (resumed later).")):
                 lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}", f"{name} {value}"]
             lines += ["# HELP groundup_batch_size Rows per decode step.", "# TYPE groundup_batch_size histogram"]
             lines += self.batch.lines("groundup_batch_size")

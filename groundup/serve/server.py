@@ -31,13 +31,13 @@ class Limits:
     max_body_bytes: int = 8 << 20  # request bodies above this get 413
     max_waiting: int = 1024  # queued requests beyond this get 503
     max_prefill_tokens: int = 2048  # prompt tokens prefilled between two decode steps (at least one request)
-    cache_headroom: int | None = None  # SlotCache columns past the context (default max(64, context // 2))
+    kv_blocks: int | None = None  # the paged KV cache's blocks of 16 tokens (default: max_batch full contexts)
 
     def validate(self) -> None:
         for key in ("max_batch", "max_prompts", "max_body_bytes", "max_waiting", "max_prefill_tokens"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"{key} = {getattr(self, key)}: expected a positive integer", key=key)
-        for key in ("max_tokens", "max_n", "cache_headroom"):
+        for key in ("max_tokens", "max_n", "kv_blocks"):
             value = getattr(self, key)
             if value is not None and value < 1:
                 raise ConfigError(f"{key} = {value}: expected a positive integer", key=key)
@@ -64,7 +64,7 @@ class Server:
         self.scheduler = Scheduler(model, tokenizer, self.bank if len(self.bank) else None,
                                    max_batch=self.limits.max_batch, max_prefill_tokens=self.limits.max_prefill_tokens,
                                    max_waiting=self.limits.max_waiting, metrics=self.metrics,
-                                   cache_headroom=self.limits.cache_headroom)
+                                   kv_blocks=self.limits.kv_blocks)
         self.metrics.scheduler = self.scheduler
         self.created = int(time.time())
         self.started = False

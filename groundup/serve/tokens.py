@@ -1,53 +1,40 @@
 """Text and token ids at the server's edge: prompts, chats, token strings, tokenizer facts.
 
-- A completions prompt (and `/tokenize`'s) is the tokenizer's prefix (`prefix_ids`, e.g. groundup's
-  end-of-text: the context every training document starts in; what `Generator` puts first too)
-  followed by the text, in which special-token spellings such as `<|end_of_text|>` are the special
-  tokens, as vLLM and Hugging Face tokenizers read a raw prompt (so lm-evaluation-harness finds the
-  end-of-text id through `/tokenize`). A prompt given as token ids is used as it is.
-- Chat messages go through the tokenizer's chat format (`render_chat`), where message content is
-  plain text: a user cannot forge a turn by typing a role marker.
+- Prompts and chats are encoded by the engine's one prompt path (groundup/infer/prompts.py), so a
+  request gets the token ids `groundup generate` and `chat` give it: a completions prompt (and
+  `/tokenize`'s) is the tokenizer's prefix, then the text with special-token spellings such as
+  `<|end_of_text|>` read as those tokens, as vLLM and Hugging Face tokenizers read a raw prompt (so
+  lm-evaluation-harness finds the end-of-text id through `/tokenize`); chat messages go through the
+  chat format. A prompt given as token ids is used as it is.
 - A token's string is its own decoding (special tokens spelled out; a lone byte of a multi-byte
   character shows as U+FFFD, its `bytes` say what it is).
 """
 
 from __future__ import annotations
 
-import re
 from typing import Sequence
 
+from groundup.infer.prompts import PromptEncoder
 from groundup.serve.protocol import APIError, ChatMessage
 
 
 class TokenText:
     def __init__(self, tokenizer):
         self.tok = tokenizer
-        self.specials = {tokenizer.decode([i]): i for i in sorted(tokenizer.special_token_ids)}
-        self.specials = {s: i for s, i in self.specials.items() if s}
-        spellings = sorted(self.specials, key=len, reverse=True)
-        self.pattern = re.compile("(" + "|".join(map(re.escape, spellings)) + ")") if spellings else None
+        self.prompts = PromptEncoder(tokenizer)  # the engine's one prompt path
         self._strings: dict[int, str] = {}
 
     # ------------------------------------------------------------------ text -> ids
 
     def encode(self, text: str, add_prefix: bool = True) -> list[int]:
-        ids = list(self.tok.prefix_ids) if add_prefix else []
-        if self.pattern is None:
-            return ids + self.tok.encode(text)
-        for i, piece in enumerate(self.pattern.split(text)):
-            if i % 2:
-                ids.append(self.specials[piece])
-            elif piece:
-                ids.extend(self.tok.encode(piece))
-        return ids
+        return self.prompts.encode(text, add_prefix)
 
     def chat(self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True) -> list[int]:
         plain = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in messages]
         try:
-            ids, _ = self.tok.render_chat(plain, add_generation_prompt=add_generation_prompt)
+            return self.prompts.chat(plain, add_generation_prompt)
         except Exception as e:  # noqa: BLE001 - DataError, or a Jinja template's own exception
             raise APIError(400, f"messages: {e}", param="messages") from None
-        return ids
 
     def check_ids(self, ids: Sequence[int], param: str) -> list[int]:
         vocab = self.tok.vocab_size
