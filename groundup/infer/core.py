@@ -124,10 +124,12 @@ class EngineCore:
     PAD_WASTE = 1.25  # a prefill group's padded positions stay within this factor of its real new ones
 
     def __init__(self, model, tokenizer, *, max_batch: int = 16, kv_blocks: int | None = None, block_size: int = 16,
-                 max_prefill_tokens: int = 2048, compile: bool = False, bank=None, metrics=None):
+                 max_prefill_tokens: int = 2048, compile: bool = False, bank=None, metrics=None,
+                 prefix_caching: bool = True):
         """`kv_blocks`: the pool's size (default: every batch slot can hold a full context); `bank`: an
         adapter bank whose `select(indices)` routes each row through its adapter; `metrics`: counters
-        (serve/metrics.py's interface)."""
+        (serve/metrics.py's interface); `prefix_caching`: share the blocks of equal prefixes (off: every
+        prompt is prefilled whole)."""
         self.model, self.tok, self.bank, self.metrics = model, tokenizer, bank, metrics
         self.cfg = model.cfg
         self.device, self.dtype = model.device, model.dtype
@@ -135,7 +137,7 @@ class EngineCore:
         self.stop_ids = frozenset(tokenizer.stop_ids)
         self.filler = tokenizer.pad_id if tokenizer.pad_id is not None else (tokenizer.eot_id or 0)
         self.max_batch, self.max_prefill_tokens, self.block_size = max_batch, max_prefill_tokens, block_size
-        self.compile, self.decoder = compile, None
+        self.compile, self.decoder, self.prefix_caching = compile, None, prefix_caching
         per_sequence = math.ceil(self.cfg.max_seq_len / block_size)
         self._make_pool(kv_blocks or max_batch * per_sequence + 1)
         self.waiting: deque[Sequence | Request] = deque()
@@ -267,7 +269,7 @@ class EngineCore:
         size = self.block_size
         seq.keys = block_hashes(seq.tokens, size, seq.request.adapter)
         usable = (len(seq.tokens) - 1) // size  # the last token is always computed: its logits are needed
-        shared = self.pool.cached_prefix(seq.keys[:usable])
+        shared = self.pool.cached_prefix(seq.keys[:usable]) if self.prefix_caching else []
         fresh = self.pool.allocate(math.ceil(len(seq.tokens) / size) - len(shared) + extra)
         if fresh is None:
             self.pool.release(shared)
@@ -341,6 +343,8 @@ class EngineCore:
 
     def _register(self, s: Sequence) -> None:
         """Offer each newly filled block to the prefix cache."""
+        if not self.prefix_caching:
+            return
         size = self.block_size
         while len(s.keys) < s.cached // size:  # keys of blocks filled by generated tokens
             parent = s.keys[-1] if s.keys else hash(("groundup-kv", s.request.adapter))
