@@ -11,6 +11,7 @@
     engine.py          Generator: prompts or chats in, text out (batched, streamed) through the core
     prompts.py         PromptEncoder: the one prompt path (prefix, special-token spellings, chat format), serve's too
     sampling.py        SamplingConfig and Sampler: greedy, temperature, top-k, top-p, min-p, repetition penalty
+    structured.py      structured output: JSON schema, JSON object, regex, choice or grammar, masked by llguidance
     text_stream.py     TextStream: token ids to text as it becomes final (incremental UTF-8, stop strings)
     chat.py            ChatSession (history trimmed to fit the context) and the terminal loop of `groundup chat`
     commands.py        `groundup generate` (with best-of-n by reward) and `groundup chat`

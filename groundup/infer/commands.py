@@ -45,7 +45,33 @@ def _sampling(args: argparse.Namespace):
 
     return SamplingConfig.make(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                                top_p=args.top_p, min_p=args.min_p, repetition_penalty=args.repetition_penalty,
-                               seed=args.seed, stop=args.stop, overflow="truncate" if args.truncate else "error")
+                               seed=args.seed, stop=args.stop, overflow="truncate" if args.truncate else "error",
+                               structured=_structured(args))
+
+
+def _structured(args: argparse.Namespace):
+    """The structured output the flags ask for (generate's --json-schema, --regex, ...), checked, or None."""
+    from groundup.errors import ConfigError
+    from groundup.infer.structured import Structured
+    from groundup.io import read_json
+
+    given = {k: v for k, v in (("json", getattr(args, "json_schema", None)),
+                               ("json_object", getattr(args, "json_object", False) or None),
+                               ("regex", getattr(args, "regex", None)), ("choice", getattr(args, "choice", None)),
+                               ("grammar", getattr(args, "grammar", None))) if v is not None}
+    if not given:
+        return None
+    if len(given) > 1:
+        raise ConfigError(f"give one structured output flag, not {' and '.join(f'--{k}' for k in given)}",
+                          key=next(iter(given)))
+    kind, value = next(iter(given.items()))
+    if kind == "json":
+        value = read_json(value, expect=dict)  # names the file and the reason
+    elif kind == "grammar":
+        value = read_text(value)
+    spec = Structured("json_object") if kind == "json_object" else Structured(kind, value).checked()
+    spec.validate()
+    return spec
 
 
 def _generator(args: argparse.Namespace):
@@ -77,6 +103,13 @@ def generate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reward", action="append", default=None, metavar="NAME[=WEIGHT]",
                    help="with --best-of: rm:PATH (a reward model), a shipped reward or module:function")
     _sampling_arguments(p, max_new_tokens=128)
+    s = p.add_argument_group("structured output (one of)")
+    s.add_argument("--json-schema", type=Path, default=None, metavar="FILE", help="a JSON schema file: every "
+                   "completion is JSON that validates against it")
+    s.add_argument("--json-object", action="store_true", help="every completion is a JSON object")
+    s.add_argument("--regex", default=None, help="every completion matches this regular expression")
+    s.add_argument("--choice", action="append", default=None, help="the completion is one of these (repeatable)")
+    s.add_argument("--grammar", type=Path, default=None, metavar="FILE", help="a Lark or GBNF grammar file")
 
 
 def _read_prompts(args: argparse.Namespace) -> list[str]:

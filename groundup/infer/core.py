@@ -38,9 +38,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from groundup.errors import GroundupError
 from groundup.infer.kv_blocks import BlockPool, KVPages, block_hashes, layout
 from groundup.infer.paged_decode import DecodeStep
 from groundup.infer.sampling import Sampler, SamplingConfig
+from groundup.infer.structured import Grammars
 from groundup.infer.text_stream import TextStream
 from groundup.model.heads import Logits
 from groundup.model.logprobs import token_stats
@@ -114,6 +116,7 @@ class Sequence:
         self.registered = 0  # full blocks offered to the prefix cache
         self.cached = 0  # positions whose K/V are in its blocks
         self.count = 0  # generated tokens
+        self.matcher = None  # structured output: where the sequence is in its grammar
 
     @property
     def wants_scores(self) -> bool:
@@ -138,6 +141,7 @@ class EngineCore:
         self.filler = tokenizer.pad_id if tokenizer.pad_id is not None else (tokenizer.eot_id or 0)
         self.max_batch, self.max_prefill_tokens, self.block_size = max_batch, max_prefill_tokens, block_size
         self.compile, self.decoder, self.prefix_caching = compile, None, prefix_caching
+        self.grammars = None  # structured output's grammar engine, made on first use
         per_sequence = math.ceil(self.cfg.max_seq_len / block_size)
         self._make_pool(kv_blocks or max_batch * per_sequence + 1)
         self.waiting: deque[Sequence | Request] = deque()
@@ -234,7 +238,12 @@ class EngineCore:
                 slots = 1
             if len(self.running) + slots > self.max_batch:
                 break
-            seq = item if isinstance(item, Sequence) else self._first_sequence(item)
+            try:
+                seq = item if isinstance(item, Sequence) else self._first_sequence(item)
+            except GroundupError as e:  # a grammar the engine cannot compile: this request fails alone
+                self.waiting.popleft()
+                events.append(ErrorEvent(item, str(e)))
+                continue
             need = self._claim(seq, extra=slots - 1)
             if need is None and not self.running:  # nothing will free blocks: it can never run
                 self.waiting.popleft()
@@ -260,8 +269,13 @@ class EngineCore:
         cfg = dataclasses.replace(request.sampling, seed=seeds[i])
         stops = self.stop_ids if request.stop_ids is None else request.stop_ids
         max_new = min(cfg.max_new_tokens, self.cfg.max_seq_len - len(request.prompt))
-        return Sequence(request, request.base_index + i, Sampler(cfg, [request.prompt], self.vocab, self.device),
-                        TextStream(self.tok, stops, cfg.stop), max_new)
+        seq = Sequence(request, request.base_index + i, Sampler(cfg, [request.prompt], self.vocab, self.device),
+                       TextStream(self.tok, stops, cfg.stop), max_new)
+        if cfg.structured is not None:
+            if self.grammars is None:
+                self.grammars = Grammars(self.tok, self.cfg.vocab_size, self.tok.eot_id)
+            seq.matcher = self.grammars.matcher(cfg.structured)
+        return seq
 
     def _claim(self, seq: Sequence, extra: int = 0) -> int | None:
         """Give `seq` blocks for all its tokens (cached ones shared); the tokens left to prefill, or None
@@ -419,12 +433,20 @@ class EngineCore:
 
     def _sample(self, seqs: list[Sequence], logits: torch.Tensor, events: list) -> None:
         """Each sequence's next token from its row of `logits`: appended, pushed to its stream, reported."""
+        raw = logits
+        if any(s.matcher is not None for s in seqs):  # what the grammar does not allow is never sampled
+            logits = logits.clone() if any(s.wants_scores for s in seqs) else logits  # log-probs stay the model's
+            for b, s in enumerate(seqs):
+                if s.matcher is not None:
+                    s.matcher.mask(logits[b])
         picked = _pick(seqs, logits)
         now = time.perf_counter()
         for b, (s, token) in enumerate(zip(seqs, picked)):
             lp = top = entropy = None
+            if s.matcher is not None:
+                s.matcher.accept(token)
             if s.wants_scores:
-                lp, top, entropy = s.sampler.scores(logits[b : b + 1], torch.tensor([token], device=logits.device))[0]
+                lp, top, entropy = s.sampler.scores(raw[b : b + 1], torch.tensor([token], device=logits.device))[0]
             r = s.request
             if r.first_token_at is None:
                 r.first_token_at = now

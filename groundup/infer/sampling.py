@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -41,6 +41,9 @@ class SamplingConfig:
     # The temperature reported log-probs and entropies are taken at: 1 = the model's own distribution
     # (vLLM's raw log-probs); GRPO passes its sampling temperature (the tempered policy, as TRL's).
     logprob_temperature: float = 1.0
+    # Decoding constrained to a JSON schema, any JSON object, a regex, a choice or a grammar
+    # (infer/structured.py's Structured); None = free text.
+    structured: Any = None
 
     def validate(self) -> None:
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:

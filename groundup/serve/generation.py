@@ -19,6 +19,7 @@ import random
 import time
 from dataclasses import dataclass, field
 
+from groundup.errors import ConfigError
 from groundup.infer.sampling import SamplingConfig
 from groundup.serve import responses as R
 from groundup.serve.protocol import APIError, ChatCompletionRequest, CompletionRequest
@@ -74,6 +75,19 @@ def _max_new(server, prompt_len: int, requested: int | None, default: int | None
     return requested
 
 
+def _structured(req):
+    """The request's structured output, compiled once here so that a bad schema, regex or grammar is a 400."""
+    try:
+        spec = req.structured()
+        if spec is not None:
+            spec.validate()
+    except ConfigError as e:
+        param = next((k for k in ("response_format", "structured_outputs", "guided_json", "guided_regex",
+                                  "guided_choice", "guided_grammar") if getattr(req, k, None) is not None), None)
+        raise APIError(400, str(e), param=param, code="invalid_value") from None
+    return spec
+
+
 def _sampling(req, max_new: int, logprobs: int | None) -> SamplingConfig:
     seed = req.seed if req.seed is not None else random.getrandbits(62)
     top_k = req.top_k if req.top_k and req.top_k > 0 else 0
@@ -81,7 +95,8 @@ def _sampling(req, max_new: int, logprobs: int | None) -> SamplingConfig:
         max_new_tokens=max(max_new, 1), temperature=1.0 if req.temperature is None else req.temperature, top_k=top_k,
         top_p=1.0 if req.top_p is None else req.top_p, min_p=req.min_p or 0.0,
         repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty, seed=seed,
-        stop=list(req.stop or []), logprobs=logprobs is not None, top_logprobs=logprobs or 0)
+        stop=list(req.stop or []), logprobs=logprobs is not None, top_logprobs=logprobs or 0,
+        structured=_structured(req))
 
 
 def _check_n(server, n: int) -> None:

@@ -10,8 +10,10 @@ whatever the context leaves (capped by the server's limit). `seed` absent = a fr
 Refused with a 400 that names the field (OpenAI's `{"error": {"message", "type", "param", "code"}}`):
 malformed JSON, a wrong type or out-of-range value, an unknown field (OpenAI's behaviour; a
 did-you-mean hint), and what is accepted by OpenAI but not implemented here with a non-default
-value (presence/frequency penalties, logit_bias, tools, JSON response formats, suffix, best_of > n,
-non-text message parts), so that nothing is silently ignored.
+value (presence/frequency penalties, logit_bias, tools, suffix, best_of > n, non-text message parts),
+so that nothing is silently ignored. Structured output: `response_format` (OpenAI: json_object,
+json_schema), `structured_outputs` (vLLM: json, regex, choice, grammar, json_object) and vLLM's older
+`guided_json` / `guided_regex` / `guided_choice` / `guided_grammar`, on both endpoints.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from groundup.config import did_you_mean
+from groundup.infer.structured import Structured
 
 
 class APIError(Exception):
@@ -60,6 +63,13 @@ class _Sampling(_Strict):
     stream_options: StreamOptions | None = None
     user: str | None = None
     ignore_eos: bool = False
+    # Structured output: OpenAI's response_format, vLLM's structured_outputs, and vLLM's older guided_* names.
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
     @field_validator("stop")
     @classmethod
@@ -80,7 +90,24 @@ class _Sampling(_Strict):
             raise ValueError("logit_bias is not supported by this server")
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options is only allowed when stream is true")
+        given = [k for k in ("response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice",
+                             "guided_grammar") if getattr(self, k) is not None and not (
+                                 k == "response_format" and self.response_format.get("type") == "text")]
+        if len(given) > 1:
+            raise ValueError(f"{given[0]}: give one structured output option, not {' and '.join(given)}")
         return self
+
+    def structured(self):
+        """The structured output asked for (infer/structured.py's Structured), or None; ConfigError if malformed."""
+        if self.response_format is not None:
+            return Structured.from_response_format(self.response_format)
+        if self.structured_outputs is not None:
+            return Structured.from_request(self.structured_outputs)
+        for kind in ("json", "regex", "choice", "grammar"):
+            value = getattr(self, f"guided_{kind}")
+            if value is not None:
+                return Structured.from_request({kind: value})
+        return None
 
 
 class CompletionRequest(_Sampling):
@@ -122,7 +149,6 @@ class ChatCompletionRequest(_Sampling):
     max_completion_tokens: int | None = Field(None, ge=0)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
-    response_format: dict[str, Any] | None = None
     tools: list[Any] | None = None
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
@@ -136,8 +162,6 @@ class ChatCompletionRequest(_Sampling):
             raise ValueError("tools are not supported by this server")
         if self.tool_choice not in (None, "none"):
             raise ValueError("tool_choice is not supported by this server")
-        if self.response_format and self.response_format.get("type") != "text":
-            raise ValueError("response_format: only {'type': 'text'} is supported by this server")
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs = true")
         return self
