@@ -14,15 +14,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from groundup.corpus import iter_shakespeare
 from groundup.errors import DataError
 from groundup.tokenizer import Tokenizer, load_tokenizer
 from groundup.tokenizer.hf_tokenizer import HFTokenizer
+from tokenizer_helpers import byte_level_tokenizer, corpus_text
 
 transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install -e '.[bench]')")
 
-LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-                r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 LLAMA3_TEMPLATE = (
     "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = '<|start_header_id|>' + "
     "message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}"
@@ -58,25 +56,6 @@ TEXTS = ["KING HENRY. Now, lords, for France!", "  Naïve café, déjà vu; Ær�
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2+3?"},
         {"role": "assistant", "content": "It is 5."}, {"role": "user", "content": "And 2+4?"},
         {"role": "assistant", "content": "6, my lord."}]
-
-
-def corpus_text(n: int = 60_000) -> list[str]:
-    return [w["text"][:n] for w in itertools.islice(iter_shakespeare(), 2)]
-
-
-def byte_level_tokenizer(specials: list[str], vocab_size: int = 700):
-    """A trained byte-level BPE (Llama 3's split regex) with `specials` after the learned vocabulary."""
-    from tokenizers import AddedToken, Regex, Tokenizer as RustTokenizer, decoders, models, pre_tokenizers, trainers
-
-    tk = RustTokenizer(models.BPE())
-    tk.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(LLAMA3_SPLIT), behavior="isolated"),
-                                                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    tk.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tk.train_from_iterator(corpus_text(), trainer)
-    tk.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in specials])
-    return tk
 
 
 def spm_vocab(vocab_size: int = 600) -> tuple[list[str], list[float], list[int]]:

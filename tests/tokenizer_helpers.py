@@ -54,3 +54,26 @@ def trained_tokenizer(tmp_path_factory) -> Tokenizer:
 def tok(tmp_path_factory) -> Tokenizer:
     """The session's small tokenizer, as a fixture (test modules import it by name)."""
     return trained_tokenizer(tmp_path_factory)
+
+
+LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+                r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def corpus_text(n: int = 60_000) -> list[str]:
+    return [w["text"][:n] for w in itertools.islice(iter_shakespeare(), 2)]
+
+
+def byte_level_tokenizer(specials: list[str], vocab_size: int = 700):
+    """A trained byte-level BPE (Llama 3's split regex) with `specials` after the learned vocabulary."""
+    from tokenizers import AddedToken, Regex, Tokenizer as RustTokenizer, decoders, models, pre_tokenizers, trainers
+
+    tk = RustTokenizer(models.BPE())
+    tk.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(LLAMA3_SPLIT), behavior="isolated"),
+                                                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tk.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tk.train_from_iterator(corpus_text(), trainer)
+    tk.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in specials])
+    return tk

@@ -270,7 +270,7 @@ class EngineCore:
         stops = self.stop_ids if request.stop_ids is None else request.stop_ids
         max_new = min(cfg.max_new_tokens, self.cfg.max_seq_len - len(request.prompt))
         seq = Sequence(request, request.base_index + i, Sampler(cfg, [request.prompt], self.vocab, self.device),
-                       TextStream(self.tok, stops, cfg.stop), max_new)
+                       TextStream(self.tok, stops, cfg.stop, cfg.skip_special_tokens), max_new)
         if cfg.structured is not None:
             if self.grammars is None:
                 self.grammars = Grammars(self.tok, self.cfg.vocab_size, self.tok.eot_id)

@@ -45,6 +45,7 @@ class PromptEncoder:
                 out[i] = ids
         return out
 
-    def chat(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> list[int]:
-        ids, _ = self.tok.render_chat(list(messages), add_generation_prompt=add_generation_prompt)
+    def chat(self, messages: Sequence[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None,
+             ) -> list[int]:
+        ids, _ = self.tok.render_chat(list(messages), add_generation_prompt=add_generation_prompt, tools=tools)
         return ids

@@ -44,6 +44,9 @@ class SamplingConfig:
     # Decoding constrained to a JSON schema, any JSON object, a regex, a choice or a grammar
     # (infer/structured.py's Structured); None = free text.
     structured: Any = None
+    # False: special tokens other than the stop tokens are shown in the text, spelled out (vLLM's option; the
+    # server turns it off for tool calls whose tags are special tokens, as Qwen's <tool_call> is).
+    skip_special_tokens: bool = True
 
     def validate(self) -> None:
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from groundup.errors import ConfigError
+from groundup.tokenizer.tool_calls import CALL_CLOSE, CALL_OPEN
 
 KINDS = ("json", "json_object", "regex", "choice", "grammar")
 _SHIFTS = torch.arange(32, dtype=torch.int32)  # bit i of a 32-bit mask word is token 32 * word + i
@@ -67,6 +68,29 @@ class Structured:
             return cls("json", schema).checked()
         raise ConfigError(f"response_format.type = {kind!r}: expected text, json_object or json_schema",
                           key="response_format")
+
+    @classmethod
+    def tool_calls(cls, tools: list[dict], name: str | None = None, parallel: bool = True,
+                   tag_ids: tuple[int, int] | None = None) -> "Structured":
+        """A grammar for tool calls as tokenizer/tool_calls.py writes them: one or more (only one when `name`
+        is given or `parallel` is false) `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`,
+        each name one of `tools` (or `name`) and its arguments valid against that function's `parameters`.
+        `tag_ids`: the tokenizer's special tokens for the two tags (Qwen's), which plain text cannot spell."""
+        chosen = [t["function"] for t in tools if name is None or t["function"]["name"] == name]
+        if not chosen:
+            raise ConfigError(f"tool_choice: no tool named {name!r} in tools", key="tool_choice")
+        schema = {"anyOf": [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
+                             "properties": {"name": {"const": fn["name"]},
+                                            "arguments": fn.get("parameters") or {"type": "object"}}}
+                            for fn in chosen],
+                  # Exactly the separators call_text writes (json.dumps'): the text the template and SFT show.
+                  "x-guidance": {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}}
+        opening, closing = (f"<[{tag_ids[0]}]>", f"<[{tag_ids[1]}]>") if tag_ids else (
+            json.dumps(CALL_OPEN), json.dumps(CALL_CLOSE))
+        repeat = ' ("\\n" call)*' if parallel and name is None else ""
+        lark = (f"start: call{repeat}\ncall: {opening} \"\\n\" body \"\\n\" {closing}\n"
+                f"body: %json {json.dumps(schema)}\n")
+        return cls("grammar", lark)
 
     def validate(self) -> None:
         """Compile the constraint (no tokenizer needed): a ConfigError naming what is wrong, before any work."""

@@ -22,8 +22,10 @@ if TYPE_CHECKING:
 
 
 class TextStream:
-    def __init__(self, tokenizer: "BaseTokenizer", stop_ids: Iterable[int] = (), stop_strings: Iterable[str] = ()):
+    def __init__(self, tokenizer: "BaseTokenizer", stop_ids: Iterable[int] = (), stop_strings: Iterable[str] = (),
+                 skip_special: bool = True):
         self.tokenizer = tokenizer
+        self.skip_special = skip_special  # False: other special tokens are shown, spelled out
         self.stop_ids = set(stop_ids)
         self.stop_strings = [s for s in stop_strings if s]
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -41,7 +43,7 @@ class TextStream:
         if token_id in self.stop_ids:
             self._stop()
             return self._take(len(self.text))
-        if self.tokenizer.is_special(token_id):  # other special tokens (a stray role marker) show nothing
+        if self.tokenizer.is_special(token_id) and self.skip_special:  # other special tokens show nothing
             return ""
         self.text += self._decoder.decode(self.tokenizer.id_to_bytes(token_id))
         return self._after_new_text()

@@ -177,7 +177,8 @@ def create_app(server: Server) -> FastAPI:
         if req.prompt is not None:
             ids = server.text.encode(req.prompt, add_prefix=req.add_special_tokens)
         else:
-            ids = server.text.chat(req.messages, req.add_generation_prompt)
+            tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
+            ids = server.text.chat(req.messages, req.add_generation_prompt, tools)
         strs = [server.text.string(i) for i in ids] if req.return_token_strs else None
         return {"count": len(ids), "max_model_len": server.context, "tokens": ids, "token_strs": strs}
 

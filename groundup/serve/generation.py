@@ -8,7 +8,9 @@ Limits, each a 400 (404 for an unknown model) before anything runs: a prompt tha
 the context, prompt + max_tokens over the context (vLLM's message), max_tokens over the server's
 limit, `n` over the server's limit, too many prompts, token ids outside the vocabulary. With no
 max_tokens, completions generate min(16, room) tokens (OpenAI's default) and chats whatever the
-context leaves, up to the server's limit. Each prompt is one Job of `n` choices; choice indices are
+context leaves, up to the server's limit. With tools, the chat template writes their definitions, the
+reply's tool calls are parsed into `tool_calls` (finish_reason "tool_calls"), and tool_choice required or
+a named function constrains decoding to valid calls (infer/structured.py's Structured.tool_calls). Each prompt is one Job of `n` choices; choice indices are
 prompt * n + choice. A request whose client goes away is cancelled: its rows leave the batch.
 """
 
@@ -21,10 +23,12 @@ from dataclasses import dataclass, field
 
 from groundup.errors import ConfigError
 from groundup.infer.sampling import SamplingConfig
+from groundup.infer.structured import Structured
 from groundup.serve import responses as R
 from groundup.serve.protocol import APIError, ChatCompletionRequest, CompletionRequest
 from groundup.serve.responses import ChoiceLog
 from groundup.serve.scheduler import Busy, ErrorEvent, Job, PromptEvent, make_job
+from groundup.tokenizer.tool_calls import ToolCallStream, parse_tool_calls
 
 
 @dataclass
@@ -39,6 +43,7 @@ class Plan:
     logprobs: int | None = None  # None: no log-probs; else top-k per position
     include_usage: bool = False
     continuous_usage: bool = False
+    tool_mode: str = "none"  # chat: none (text only), auto, required or named (tool calls parsed from the text)
 
     @property
     def prompt_tokens(self) -> int:
@@ -82,13 +87,12 @@ def _structured(req):
         if spec is not None:
             spec.validate()
     except ConfigError as e:
-        param = next((k for k in ("response_format", "structured_outputs", "guided_json", "guided_regex",
-                                  "guided_choice", "guided_grammar") if getattr(req, k, None) is not None), None)
+        param = next(iter(req.structured_options()), None)
         raise APIError(400, str(e), param=param, code="invalid_value") from None
     return spec
 
 
-def _sampling(req, max_new: int, logprobs: int | None) -> SamplingConfig:
+def _sampling(req, max_new: int, logprobs: int | None, structured=None, skip_special: bool = True) -> SamplingConfig:
     seed = req.seed if req.seed is not None else random.getrandbits(62)
     top_k = req.top_k if req.top_k and req.top_k > 0 else 0
     return SamplingConfig.make(
@@ -96,7 +100,7 @@ def _sampling(req, max_new: int, logprobs: int | None) -> SamplingConfig:
         top_p=1.0 if req.top_p is None else req.top_p, min_p=req.min_p or 0.0,
         repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty, seed=seed,
         stop=list(req.stop or []), logprobs=logprobs is not None, top_logprobs=logprobs or 0,
-        structured=_structured(req))
+        structured=structured if structured is not None else _structured(req), skip_special_tokens=skip_special)
 
 
 def _check_n(server, n: int) -> None:
@@ -150,14 +154,25 @@ def plan_completion(server, req: CompletionRequest) -> Plan:
 def plan_chat(server, req: ChatCompletionRequest) -> Plan:
     name, adapter = server.adapter_index(req.model)
     _check_n(server, req.n)
-    ids = server.text.chat(req.messages)
+    tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
+    ids = server.text.chat(req.messages, tools=tools)
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     max_new = _max_new(server, len(ids), req.token_limit, None, param, echo_only_ok=False)
     k = (req.top_logprobs or 0) if req.logprobs else None
     include_usage, continuous = _stream_flags(req)
-    job = make_job(ids, _sampling(req, max_new, k), n=req.n, adapter=adapter, ignore_eos=req.ignore_eos)
+    mode, tags, grammar = req.tool_mode, server.text.tool_tag_ids(), None
+    if req.forces_tool_call:  # decoding is constrained to valid calls of the allowed functions
+        function = req.tool_choice.function.name if mode == "named" else None
+        grammar = Structured.tool_calls(tools, function, parallel=req.parallel_tool_calls is not False, tag_ids=tags)
+    sampling = _sampling(req, max_new, k, grammar, skip_special=not (mode != "none" and tags))
+    job = make_job(ids, sampling, n=req.n, adapter=adapter, ignore_eos=req.ignore_eos)
     return Plan(True, name, [job], req.n, req.stream, logprobs=k, include_usage=include_usage,
-                continuous_usage=continuous)
+                continuous_usage=continuous, tool_mode=mode)
+
+
+def tool_finish_reason(plan: Plan, reason: str | None, calls: list) -> str | None:
+    """OpenAI's: "tool_calls" when the model chose to call (auto, required); a named choice stops as usual."""
+    return "tool_calls" if calls and reason == "stop" and plan.tool_mode in ("auto", "required") else reason
 
 
 class ClientGone(Exception):
@@ -165,10 +180,12 @@ class ClientGone(Exception):
 
 
 class Choice:
-    """One choice as it arrives: text pieces, tokens with their log-probs, how it ended."""
+    """One choice as it arrives: text pieces, tokens with their log-probs, how it ended; with tools, the
+    calls read out of the text (`calls`: tokenizer/tool_calls.py's ToolCallStream)."""
 
-    def __init__(self, index: int):
+    def __init__(self, index: int, tools: bool = False):
         self.index = index
+        self.calls = ToolCallStream() if tools else None
         self.pieces: list[str] = []
         self.log = ChoiceLog()  # every token reported (echoed prompt first)
         self.pending = ChoiceLog()  # tokens not yet sent in a stream chunk
@@ -188,7 +205,7 @@ class Run:
     def __init__(self, server, plan: Plan, request=None):
         self.server, self.plan, self.request = server, plan, request
         self.queue: asyncio.Queue = asyncio.Queue()
-        self.choices = [Choice(i) for i in range(plan.choices)]
+        self.choices = [Choice(i, plan.tool_mode != "none") for i in range(plan.choices)]
         self.remaining = plan.choices
         self.prompt_logs: dict[int, PromptEvent] = {}  # base index -> the job's prompt log-probs
         self.checked = time.monotonic()  # when the client's connection was last checked
@@ -271,7 +288,9 @@ async def collect(run: Run) -> dict:
     for c in run.choices:
         if plan.chat:
             lp = R.chat_logprobs(tt, c.log) if plan.logprobs is not None else None
-            choices.append(R.chat_choice(c.index, c.text, lp, c.finish_reason))
+            text, calls = (c.text, []) if c.calls is None else parse_tool_calls(c.text)
+            reason = tool_finish_reason(plan, c.finish_reason, calls)
+            choices.append(R.chat_choice(c.index, text, lp, reason, [call.to_openai() for call in calls]))
         else:
             prefix = plan.prompt_texts[c.index // plan.n] if plan.echo else ""
             lp = R.completion_logprobs(tt, c.log) if plan.logprobs is not None else None

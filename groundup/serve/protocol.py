@@ -10,8 +10,10 @@ whatever the context leaves (capped by the server's limit). `seed` absent = a fr
 Refused with a 400 that names the field (OpenAI's `{"error": {"message", "type", "param", "code"}}`):
 malformed JSON, a wrong type or out-of-range value, an unknown field (OpenAI's behaviour; a
 did-you-mean hint), and what is accepted by OpenAI but not implemented here with a non-default
-value (presence/frequency penalties, logit_bias, tools, suffix, best_of > n, non-text message parts),
-so that nothing is silently ignored. Structured output: `response_format` (OpenAI: json_object,
+value (presence/frequency penalties, logit_bias, suffix, best_of > n, non-text message parts),
+so that nothing is silently ignored. Tools: OpenAI's `tools`, `tool_choice` (none, auto, required, or
+{"type": "function", "function": {"name"}}), `parallel_tool_calls`, assistant `tool_calls` and `role: "tool"`
+messages; a tool_choice naming a function not in `tools` is a 400. Structured output: `response_format` (OpenAI: json_object,
 json_schema), `structured_outputs` (vLLM: json, regex, choice, grammar, json_object) and vLLM's older
 `guided_json` / `guided_regex` / `guided_choice` / `guided_grammar`, on both endpoints.
 """
@@ -34,6 +36,10 @@ class APIError(Exception):
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+STRUCTURED_FIELDS = ("response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice",
+                     "guided_grammar")
 
 
 class _Strict(BaseModel):
@@ -90,12 +96,15 @@ class _Sampling(_Strict):
             raise ValueError("logit_bias is not supported by this server")
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options is only allowed when stream is true")
-        given = [k for k in ("response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice",
-                             "guided_grammar") if getattr(self, k) is not None and not (
-                                 k == "response_format" and self.response_format.get("type") == "text")]
+        given = self.structured_options()
         if len(given) > 1:
             raise ValueError(f"{given[0]}: give one structured output option, not {' and '.join(given)}")
         return self
+
+    def structured_options(self) -> list[str]:
+        """The structured output fields given (response_format text is none)."""
+        return [k for k in STRUCTURED_FIELDS if getattr(self, k) is not None and not (
+            k == "response_format" and self.response_format.get("type") == "text")]
 
     def structured(self):
         """The structured output asked for (infer/structured.py's Structured), or None; ConfigError if malformed."""
@@ -133,10 +142,32 @@ class TextPart(_Strict):
     text: str
 
 
+class FunctionCall(_Strict):
+    name: str
+    arguments: str  # a JSON object, as text
+
+
+class ToolCallMessage(_Strict):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Strict):
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    refusal: str | None = None  # what an assistant message read back from a response carries
+    tool_calls: list[ToolCallMessage] | None = None
+    tool_call_id: str | None = None
+
+    @model_validator(mode="after")
+    def _roles(self):
+        if self.tool_calls is not None and self.role != "assistant":
+            raise ValueError("tool_calls: only an assistant message makes tool calls")
+        if self.role == "tool" and self.content is None:
+            raise ValueError("content: a tool message carries the tool's result")
+        return self
 
     def text(self) -> str:
         if isinstance(self.content, list):
@@ -144,13 +175,34 @@ class ChatMessage(_Strict):
         return self.content or ""
 
 
+class FunctionDefinition(_Strict):
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9_.-]+$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema for the arguments object
+    strict: bool | None = None  # OpenAI's flag; with tool_choice required or named the arguments always follow it
+
+
+class Tool(_Strict):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(_Strict):
+    name: str
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"]
+    function: NamedFunction
+
+
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=0)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
-    tools: list[Any] | None = None
-    tool_choice: Any = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     store: bool | None = None
     metadata: dict[str, str] | None = None
@@ -158,13 +210,31 @@ class ChatCompletionRequest(_Sampling):
 
     @model_validator(mode="after")
     def _chat(self):
-        if self.tools:
-            raise ValueError("tools are not supported by this server")
-        if self.tool_choice not in (None, "none"):
-            raise ValueError("tool_choice is not supported by this server")
+        names = [t.function.name for t in self.tools or []]
+        if self.tool_choice not in (None, "none", "auto") and not names:
+            raise ValueError("tool_choice: a tool choice needs tools")
+        if isinstance(self.tool_choice, NamedToolChoice) and self.tool_choice.function.name not in names:
+            raise ValueError(f"tool_choice: no tool named {self.tool_choice.function.name!r} in tools "
+                             f"({', '.join(names)})")
+        if self.forces_tool_call and self.structured_options():
+            raise ValueError("tool_choice: a required or named tool choice already constrains the output; "
+                             "drop the structured output option")
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs = true")
         return self
+
+    @property
+    def tool_mode(self) -> str:
+        """none (no tools, or tool_choice none), auto, required, or named."""
+        if not self.tools or self.tool_choice == "none":
+            return "none"
+        if isinstance(self.tool_choice, NamedToolChoice):
+            return "named"
+        return self.tool_choice or "auto"
+
+    @property
+    def forces_tool_call(self) -> bool:
+        return self.tool_mode in ("required", "named")
 
     @property
     def token_limit(self) -> int | None:
@@ -177,6 +247,7 @@ class TokenizeRequest(_Strict):
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool = True  # prompt: put the tokenizer's prefix first, as completions do
     add_generation_prompt: bool = True  # messages: end with the assistant's turn opening
+    tools: list[Tool] | None = None  # messages: the tool definitions the chat template writes
     return_token_strs: bool = False
 
     @model_validator(mode="after")
@@ -231,9 +302,11 @@ def _error_from(e: ValidationError, model_cls: type[BaseModel]) -> APIError:
     return APIError(400, f"{param}: {message}{shown}", param=param, code="invalid_value")
 
 
-_TAGS = {"str", "int", "float", "bool", "dict", "list", "none", "TextPart"}
+_TAGS = {"str", "int", "float", "bool", "dict", "list", "none", "TextPart", "literal['none','auto','required']",
+         "NamedToolChoice"}
 _UNION_MESSAGES = {
     "prompt": "expected a string, a list of strings, a list of token ids or a list of token id lists",
     "stop": "expected a string or a list of strings",
     "content": "expected a string or a list of {\"type\": \"text\", \"text\": ...} parts (only text is supported)",
+    "tool_choice": "expected none, auto, required or {\"type\": \"function\", \"function\": {\"name\": ...}}",
 }

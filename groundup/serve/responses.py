@@ -95,9 +95,18 @@ def chat_response(rid: str, created: int, model: str, choices: list[dict], use: 
             "system_fingerprint": None, "choices": choices, "usage": use}
 
 
-def chat_choice(index: int, text: str, logprobs: dict | None, finish_reason: str | None) -> dict:
-    return {"index": index, "message": {"role": "assistant", "content": text, "refusal": None},
-            "logprobs": logprobs, "finish_reason": finish_reason}
+def chat_choice(index: int, text: str, logprobs: dict | None, finish_reason: str | None,
+                tool_calls: list[dict] | None = None) -> dict:
+    message = {"role": "assistant", "content": text, "refusal": None}
+    if tool_calls:  # OpenAI: content is null when the reply is only calls
+        message["content"] = text.strip() or None
+        message["tool_calls"] = tool_calls
+    return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
+
+
+def tool_call_deltas(calls: list, first_index: int) -> list[dict]:
+    """Streamed `delta.tool_calls` entries: each call whole (its arguments are complete JSON)."""
+    return [dict(index=first_index + k, **call.to_openai()) for k, call in enumerate(calls)]
 
 
 def completion_chunk(rid: str, created: int, model: str, choices: list[dict], use: dict | None = None,

@@ -4,7 +4,9 @@
 
 Chat: the first chunk of each choice carries `delta: {"role": "assistant", "content": ""}`, then
 `delta: {"content": ...}` chunks (with `logprobs.content` for their tokens when asked), then a chunk
-with an empty delta and the `finish_reason`. Completions: `text` chunks (with `echo`, the prompt
+with an empty delta and the `finish_reason`. With tools, text inside <tool_call> tags is held back and
+each call goes out whole in one `delta: {"tool_calls": [{index, id, type, function: {name, arguments}}]}`
+once its closing tag arrives, so `arguments` is never half a JSON string. Completions: `text` chunks (with `echo`, the prompt
 text first), the last one with its `finish_reason`. With `stream_options.include_usage` every chunk
 has `"usage": null` and a last chunk with empty `choices` carries the usage; with vLLM's
 `continuous_usage_stats` every chunk carries the usage so far. A failure mid-stream is sent as
@@ -22,7 +24,7 @@ import json
 from typing import AsyncIterator
 
 from groundup.serve import responses as R
-from groundup.serve.generation import Run
+from groundup.serve.generation import Run, tool_finish_reason
 from groundup.serve.protocol import APIError
 from groundup.serve.scheduler import PromptEvent
 
@@ -69,10 +71,18 @@ async def stream(run: Run) -> AsyncIterator[str]:
                 finished = c.finish_reason is not None
                 if plan.chat:
                     lp = R.chat_logprobs(tt, log) if plan.logprobs is not None and len(log) else None
+                    calls, reason = [], c.finish_reason
+                    if c.calls is not None:  # content as it comes; each call once whole
+                        text = c.calls.push(text) + (c.calls.finish() if finished else "")
+                        calls = c.calls.new_calls
+                        reason = tool_finish_reason(plan, reason, c.calls.calls)
                     if text or lp is not None:
                         out.append(chunk([R.chat_delta(index, {"content": text}, lp)]))
+                    if calls:
+                        first = len(c.calls.calls) - len(calls)
+                        out.append(chunk([R.chat_delta(index, {"tool_calls": R.tool_call_deltas(calls, first)})]))
                     if finished:
-                        out.append(chunk([R.chat_delta(index, {}, None, c.finish_reason)]))
+                        out.append(chunk([R.chat_delta(index, {}, None, reason)]))
                     continue
                 if plan.echo and index not in started:
                     text = plan.prompt_texts[index // plan.n] + text

@@ -5,17 +5,42 @@
   `/tokenize`'s) is the tokenizer's prefix, then the text with special-token spellings such as
   `<|end_of_text|>` read as those tokens, as vLLM and Hugging Face tokenizers read a raw prompt (so
   lm-evaluation-harness finds the end-of-text id through `/tokenize`); chat messages go through the
-  chat format. A prompt given as token ids is used as it is.
+  chat format (with `tools`, the template writes the definitions). A prompt given as token ids is used as
+  it is.
 - A token's string is its own decoding (special tokens spelled out; a lone byte of a multi-byte
   character shows as U+FFFD, its `bytes` say what it is).
 """
 
 from __future__ import annotations
 
+import json
 from typing import Sequence
 
 from groundup.infer.prompts import PromptEncoder
+from groundup.tokenizer.tool_calls import CALL_CLOSE, CALL_OPEN
 from groundup.serve.protocol import APIError, ChatMessage
+
+
+def _plain(i: int, m: ChatMessage) -> dict:
+    """A message as chat templates read it: developer is system; a call's arguments are an object (Hugging
+    Face templates write them with `tojson`; groundup's writes them back with json.dumps' separators)."""
+    out = {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+    if m.tool_calls:
+        out["content"] = m.text() or None
+        out["tool_calls"] = []
+        for j, call in enumerate(m.tool_calls):
+            try:
+                arguments = json.loads(call.function.arguments)
+            except json.JSONDecodeError as e:
+                where = f"messages.{i}.tool_calls.{j}.function.arguments"
+                raise APIError(400, f"{where}: not JSON ({e})", param=where) from None
+            out["tool_calls"].append({"id": call.id, "type": "function",
+                                      "function": {"name": call.function.name, "arguments": arguments}})
+    if m.tool_call_id is not None:
+        out["tool_call_id"] = m.tool_call_id
+    if m.name is not None and m.role == "tool":
+        out["name"] = m.name
+    return out
 
 
 class TokenText:
@@ -29,12 +54,18 @@ class TokenText:
     def encode(self, text: str, add_prefix: bool = True) -> list[int]:
         return self.prompts.encode(text, add_prefix)
 
-    def chat(self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True) -> list[int]:
-        plain = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in messages]
+    def chat(self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True,
+             tools: list[dict] | None = None) -> list[int]:
+        plain = [_plain(i, m) for i, m in enumerate(messages)]
         try:
-            return self.prompts.chat(plain, add_generation_prompt)
+            return self.prompts.chat(plain, add_generation_prompt, tools)
         except Exception as e:  # noqa: BLE001 - DataError, or a Jinja template's own exception
             raise APIError(400, f"messages: {e}", param="messages") from None
+
+    def tool_tag_ids(self) -> tuple[int, int] | None:
+        """The special tokens spelling <tool_call> and </tool_call>, where the tokenizer has them (Qwen's)."""
+        ids = self.prompts.specials.get(CALL_OPEN), self.prompts.specials.get(CALL_CLOSE)
+        return ids if None not in ids else None
 
     def check_ids(self, ids: Sequence[int], param: str) -> list[int]:
         vocab = self.tok.vocab_size

@@ -13,6 +13,7 @@
     hf_files.py        a Hugging Face tokenizer directory read and checked, each malformed file a DataError
     chat.py            groundup's chat format: special tokens, roles, rendering with the assistant-only loss mask
     chat_template.py   Jinja chat templates rendered as transformers renders them, and the loss mask they imply
+    tool_calls.py      tool definitions, calls and results in a chat (Hermes tags), and calls parsed back, streamed
     parallel.py        map_batches: a function over text batches on several processes, in order, bounded memory
     stats.py           bytes per token by domain, vocabulary use, the longest tokens
     commands.py        `groundup tokenizer train` and `groundup tokenizer stats`

@@ -83,13 +83,13 @@ def _compile(template: str):
 
 
 def render_template(template: str, messages: list[dict], add_generation_prompt: bool = False,
-                    variables: dict[str, str] | None = None) -> str:
+                    variables: dict[str, str] | None = None, tools: list[dict] | None = None) -> str:
     """The template's text for `messages` (already checked); DataError with the template's own message."""
     import jinja2
 
     compiled = _compile(template)
     try:
-        return compiled.render(**(variables or {}), messages=messages, tools=None, documents=None,
+        return compiled.render(**(variables or {}), messages=messages, tools=tools or None, documents=None,
                                add_generation_prompt=add_generation_prompt)
     except jinja2.exceptions.TemplateError as e:
         raise DataError(f"chat template: {e}") from None
@@ -107,19 +107,19 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
 
 def render_chat_ids(template: str, messages: Any, encode: Callable[[str], list[int]],
                     add_generation_prompt: bool = False, variables: dict[str, str] | None = None,
-                    ) -> tuple[list[int], list[int]]:
+                    tools: list[dict] | None = None) -> tuple[list[int], list[int]]:
     """(ids, loss mask) of a conversation: `encode` tokenizes rendered text with specials recognised."""
     messages = check_chat_messages(messages)
-    ids = encode(render_template(template, messages, add_generation_prompt, variables))
+    ids = encode(render_template(template, messages, add_generation_prompt, variables, tools))
     mask = [0] * len(ids)
     for i, message in enumerate(messages):
         if message["role"] != "assistant":
             continue
         try:
-            before = encode(render_template(template, messages[:i], True, variables)) if i else []
+            before = encode(render_template(template, messages[:i], True, variables, tools)) if i else []
         except DataError:  # e.g. a template that reads messages[0] and cannot render an empty chat
             before = []
-        through = encode(render_template(template, messages[: i + 1], False, variables))
+        through = encode(render_template(template, messages[: i + 1], False, variables, tools))
         start, end = _common_prefix(before, ids), _common_prefix(through, ids)
         mask[start:end] = [1] * max(0, end - start)
     return ids, mask

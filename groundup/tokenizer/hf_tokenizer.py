@@ -271,9 +271,10 @@ class HFTokenizer(BaseTokenizer):
     # ------------------------------------------------------------------ chat
 
     def render_chat(self, messages: Sequence[dict], add_generation_prompt: bool = False,
-                    ) -> tuple[list[int], list[int]]:
-        """(ids, loss mask) through the chat template, as apply_chat_template renders and tokenizes it."""
+                    tools: list[dict] | None = None) -> tuple[list[int], list[int]]:
+        """(ids, loss mask) through the chat template, as apply_chat_template renders and tokenizes it (`tools`
+        reach the template as its `tools` variable, as transformers passes them)."""
         if self.chat_template is None:
             raise DataError(f"{self.files.where}: no chat template ({HF_TOKENIZER_CONFIG_FILE} has no chat_template)")
         return render_chat_ids(self.chat_template, messages, self.encode_rendered, add_generation_prompt,
-                               self.token_strings)
+                               self.token_strings, tools)

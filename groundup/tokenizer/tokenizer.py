@@ -224,6 +224,6 @@ class Tokenizer(BaseTokenizer):
     # ------------------------------------------------------------------ chat
 
     def render_chat(self, messages: Sequence[dict], add_generation_prompt: bool = False,
-                    ) -> tuple[list[int], list[int]]:
+                    tools: list[dict] | None = None) -> tuple[list[int], list[int]]:
         """(ids, loss mask) of a conversation; the mask is 1 on assistant content and its end of turn."""
-        return chat.render_chat(self, messages, add_generation_prompt)
+        return chat.render_chat(self, messages, add_generation_prompt, tools)
