@@ -73,6 +73,35 @@ def test_choices_share_the_prompt_and_decode_as_alone():
     assert core.pool.used == 0
 
 
+def test_more_choices_than_a_batch_holds_run_in_parts_of_at_most_the_batch():
+    """Seven choices through a batch of three: parts of 3, 3 and 1 with the request's id, never more than three
+    rows running (forks counted at admission), each choice's tokens those it gets alone."""
+    tok, model = small_tokenizer(), tiny_model(max_seq_len=128)
+    prompt = [tok.eot_id] + tok.encode("To be, or not")
+    sampled = SamplingConfig(max_new_tokens=4, temperature=1.0, stop=[])
+    core = EngineCore(model, tok, max_batch=3, block_size=4)
+    request = Request(prompt, sampled, seeds=list(range(7)), base_index=2, stop_ids=frozenset())
+    core.add(request)
+    out: dict[int, list[int]] = {}
+    steps = 0
+    while core.has_work():
+        events = core.step()
+        steps += 1
+        assert len(core.running) <= 3 and {e.request.id for e in events} <= {request.id}
+        for e in events:
+            out.setdefault(e.index, []).append(e.token)
+    assert sorted(out) == list(range(2, 9)) and steps == 3 * 4  # three parts, four tokens each, one per step
+    alone = [_run(EngineCore(model, tok, block_size=4), [Request(prompt, sampled, seeds=[s], stop_ids=frozenset())])
+             for s in range(7)]
+    assert [out[i + 2] for i in range(7)] == [a[0] for a in alone]
+    assert core.pool.used == 0
+    core.add(Request(prompt, sampled, seeds=list(range(7))))
+    core.step()
+    core.abort(next(w for w in core.waiting))  # aborting one part aborts the request's other parts too
+    core.step()
+    assert not core.has_work() and core.pool.used == 0
+
+
 def test_an_aborted_request_frees_its_blocks_at_the_next_step_and_an_oversized_one_fails_alone():
     tok, model = small_tokenizer(), tiny_model(max_seq_len=128)
     core = EngineCore(model, tok, max_batch=2, kv_blocks=9, block_size=4)  # 8 usable blocks: 32 tokens

@@ -17,7 +17,8 @@ own thread (serve/scheduler.py). Each `step`:
    shared, not prefilled (kv_blocks.py); the rest is prefilled in groups of similar length, and each
    sequence samples from the logits after its last token. A request's n choices share its prompt's
    blocks (each copies the partial last one) and its first logits;
-3. one decode step (paged_decode.py) on every running sequence; when one needs a new block and none
+3. one decode step (paged_decode.py) on every running sequence (with a speculator, speculative.py: a
+   verification of each sequence's proposed tokens, 1 to k + 1 tokens each); when one needs a new block and none
    is free, the newest sequence is preempted: its blocks are released and it waits, first in line, to
    be prefilled again with its tokens so far (the prefix cache usually still holds most of them);
 4. sequences that finished leave; every full block they filled stays in the prefix cache.
@@ -42,6 +43,7 @@ from groundup.errors import GroundupError
 from groundup.infer.kv_blocks import BlockPool, KVPages, block_hashes, layout
 from groundup.infer.paged_decode import DecodeStep
 from groundup.infer.sampling import Sampler, SamplingConfig
+from groundup.infer.speculative import speculative_decode
 from groundup.infer.structured import Grammars
 from groundup.infer.text_stream import TextStream
 from groundup.model.heads import Logits
@@ -128,11 +130,11 @@ class EngineCore:
 
     def __init__(self, model, tokenizer, *, max_batch: int = 16, kv_blocks: int | None = None, block_size: int = 16,
                  max_prefill_tokens: int = 2048, compile: bool = False, bank=None, metrics=None,
-                 prefix_caching: bool = True):
+                 prefix_caching: bool = True, speculator=None):
         """`kv_blocks`: the pool's size (default: every batch slot can hold a full context); `bank`: an
         adapter bank whose `select(indices)` routes each row through its adapter; `metrics`: counters
         (serve/metrics.py's interface); `prefix_caching`: share the blocks of equal prefixes (off: every
-        prompt is prefilled whole)."""
+        prompt is prefilled whole); `speculator`: speculative decoding (speculative.py's Speculator)."""
         self.model, self.tok, self.bank, self.metrics = model, tokenizer, bank, metrics
         self.cfg = model.cfg
         self.device, self.dtype = model.device, model.dtype
@@ -142,6 +144,9 @@ class EngineCore:
         self.max_batch, self.max_prefill_tokens, self.block_size = max_batch, max_prefill_tokens, block_size
         self.compile, self.decoder, self.prefix_caching = compile, None, prefix_caching
         self.grammars = None  # structured output's grammar engine, made on first use
+        self.speculator = speculator
+        if speculator is not None:
+            speculator.check(self.cfg, self.vocab)
         per_sequence = math.ceil(self.cfg.max_seq_len / block_size)
         self._make_pool(kv_blocks or max_batch * per_sequence + 1)
         self.waiting: deque[Sequence | Request] = deque()
@@ -171,10 +176,24 @@ class EngineCore:
     # ------------------------------------------------------------------ the caller's side
 
     def add(self, request: Request) -> None:
-        self.waiting.append(request)
+        """Queue `request`; one asking for more choices than a batch holds runs as parts that share its id
+        (each part prefilled and forked on its own), so the caller's events and routes stay one request's."""
+        seeds = request.seeds or []
+        if len(seeds) <= self.max_batch:
+            self.waiting.append(request)
+            return
+        for start in range(0, len(seeds), self.max_batch):
+            part = dataclasses.replace(request, seeds=seeds[start: start + self.max_batch], id=request.id,
+                                       base_index=request.base_index + start, arrival=request.arrival)
+            if start:
+                part.prompt_logprobs = None  # the prompt is scored once
+            self.waiting.append(part)
 
     def abort(self, request: Request) -> None:
         request.aborted = True
+        for item in [*self.waiting, *self.running]:  # its parts too (see add)
+            if _request(item).id == request.id:
+                _request(item).aborted = True
 
     def abort_all(self) -> None:
         """Every request leaves now, its blocks released (a caller that stopped listening)."""
@@ -196,11 +215,14 @@ class EngineCore:
         events: list = []
         with torch.inference_mode():
             self._drop_aborted()
+            decoding = list(self.running)  # not the admitted nor their forks: their first token comes from prefill
             admitted = self._admit(events)
             if admitted:
                 self._prefill(admitted, events)
-            decoding = [s for s in self.running if s not in admitted]
-            if decoding:
+            decoding = [s for s in decoding if s.stream.finish_reason is None]
+            if decoding and self.speculator is not None:
+                speculative_decode(self, self.speculator, decoding, events)
+            elif decoding:
                 self._decode(decoding, events)
         self.running = [s for s in self.running if s.stream.finish_reason is None]
         return events
@@ -236,7 +258,8 @@ class EngineCore:
                 slots = item.n
             else:
                 slots = 1
-            if len(self.running) + slots > self.max_batch:
+            forks = sum(s.request.n - 1 for s in admitted)  # made during this step's prefill
+            if len(self.running) + forks + slots > self.max_batch:
                 break
             try:
                 seq = item if isinstance(item, Sequence) else self._first_sequence(item)
@@ -372,8 +395,11 @@ class EngineCore:
 
     def _decode(self, seqs: list[Sequence], events: list) -> None:
         seqs = self._make_room(seqs, events)
-        if not seqs:
-            return
+        if seqs:
+            self._decode_step(seqs, events)
+
+    def _decode_step(self, seqs: list[Sequence], events: list) -> None:
+        """One token per sequence through the decode step (each has the block its next K/V goes to)."""
         size = self.block_size
         n_blocks = max(len(s.blocks) for s in seqs)
         tables = torch.zeros(len(seqs), n_blocks, dtype=torch.long)  # padded with the null block
@@ -442,32 +468,38 @@ class EngineCore:
         picked = _pick(seqs, logits)
         now = time.perf_counter()
         for b, (s, token) in enumerate(zip(seqs, picked)):
-            lp = top = entropy = None
             if s.matcher is not None:
                 s.matcher.accept(token)
-            if s.wants_scores:
-                lp, top, entropy = s.sampler.scores(raw[b : b + 1], torch.tensor([token], device=logits.device))[0]
-            r = s.request
-            if r.first_token_at is None:
-                r.first_token_at = now
-                if self.metrics is not None:
-                    self.metrics.first_token(now - r.arrival)
-            s.tokens.append(token)
-            s.count += 1
-            text = s.stream.push(token)
-            finish = None
-            if s.stream.done:
-                finish = "stop"
-            elif s.count >= s.max_new:
-                text += s.stream.finish("length")
-                finish = "length"
-            if finish is not None:
-                s.stream.finish_reason = finish
-                self.pool.release(s.blocks)
-                s.blocks = []
-            events.append(TokenEvent(r, s.index, token, text, lp, top, entropy, finish))
+            self.emit(s, token, raw[b : b + 1] if s.wants_scores else None, events, now)
         if self.metrics is not None:
             self.metrics.generated_tokens(len(seqs))
+
+    def emit(self, s: Sequence, token: int, scores_from: torch.Tensor | None, events: list, now: float) -> bool:
+        """Append one sampled token to `s`: its text, its scores (from `scores_from`, the raw logits row),
+        its event; True when it ended the sequence (its blocks are then released)."""
+        lp = top = entropy = None
+        if scores_from is not None:
+            lp, top, entropy = s.sampler.scores(scores_from, torch.tensor([token], device=scores_from.device))[0]
+        r = s.request
+        if r.first_token_at is None:
+            r.first_token_at = now
+            if self.metrics is not None:
+                self.metrics.first_token(now - r.arrival)
+        s.tokens.append(token)
+        s.count += 1
+        text = s.stream.push(token)
+        finish = None
+        if s.stream.done:
+            finish = "stop"
+        elif s.count >= s.max_new:
+            text += s.stream.finish("length")
+            finish = "length"
+        if finish is not None:
+            s.stream.finish_reason = finish
+            self.pool.release(s.blocks)
+            s.blocks = []
+        events.append(TokenEvent(r, s.index, token, text, lp, top, entropy, finish))
+        return finish is not None
 
     # ------------------------------------------------------------------ adapters and prompt scores
 

@@ -58,9 +58,9 @@ class Completion:
 
 
 class Generator:
-    def __init__(self, model: Transformer, tokenizer, compile: bool = False, block_size: int = 16):
+    def __init__(self, model: Transformer, tokenizer, compile: bool = False, block_size: int = 16, speculator=None):
         """`compile`: decode through a torch.compile'd step (paged_decode.py; about a minute of compiling
-        once, then ~2x faster decoding on CPU). The model's train/eval mode is left as it is: each
+        once, then ~2x faster decoding on CPU). `speculator`: speculative decoding (speculative.py). The model's train/eval mode is left as it is: each
         generation runs in eval mode and restores the mode it found (GRPO samples from the policy it
         trains)."""
         self.model = model
@@ -74,7 +74,8 @@ class Generator:
         self.stop_ids = set(tokenizer.stop_ids)
         self.prompt_prefix = list(tokenizer.prefix_ids)  # what the tokenizer puts before a document
         self.prompts = PromptEncoder(tokenizer)  # the one prompt path (the server's too)
-        self.core = EngineCore(model, tokenizer, max_batch=1, kv_blocks=2, block_size=block_size, compile=compile)
+        self.core = EngineCore(model, tokenizer, max_batch=1, kv_blocks=2, block_size=block_size, compile=compile,
+                               speculator=speculator)
         self._weights = None  # the weights' versions when the prefix cache was filled
 
     @classmethod

@@ -118,6 +118,10 @@ class DecodeStep:
         with torch._inductor.config.patch(self._options):
             return self._step(tokens, positions, write_slots, self.pages.layers, self._held)
 
+    def invalidate(self) -> None:
+        """Gather again at the next call (something other than this step wrote the batch's pages)."""
+        self._tables = None
+
     def _gather(self, pair: tuple[torch.Tensor, torch.Tensor], tables: torch.Tensor) -> list[torch.Tensor]:
         """A layer's keys (and values) of every row, whole blocks from the pages, in the model's layout."""
         B, n_blocks = tables.shape

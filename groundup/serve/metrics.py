@@ -58,6 +58,7 @@ class Metrics:
         self.generated = 0
         self.steps = 0
         self.prefix_queries = self.prefix_hits = self.preemptions = 0
+        self.spec_proposed = self.spec_accepted = 0
         self.batch = Histogram(BATCH_BUCKETS)
         self.ttft = Histogram(TTFT_BUCKETS)
         self.durations: dict[str, Histogram] = {}
@@ -92,6 +93,11 @@ class Metrics:
         with self.lock:
             self.prefix_queries += queries
             self.prefix_hits += hits
+
+    def speculated(self, proposed: int, accepted: int) -> None:
+        with self.lock:
+            self.spec_proposed += proposed
+            self.spec_accepted += accepted
 
     def preempted(self) -> None:
         with self.lock:
