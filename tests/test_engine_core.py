@@ -102,6 +102,22 @@ def test_more_choices_than_a_batch_holds_run_in_parts_of_at_most_the_batch():
     assert not core.has_work() and core.pool.used == 0
 
 
+def test_a_request_decoded_in_a_finished_ones_blocks_sees_its_own_keys():
+    """The decode step keeps the K/V it gathered while the block tables stay equal; a later request
+    prefilled into the same freed block under the same table must not decode from the stale copy (the
+    server's first request after its warm-up once did)."""
+    tok, model = small_tokenizer(), tiny_model(max_seq_len=128, init_std=0.2)
+    prompt = tok.encode("the the the the the the the")
+    greedy = SamplingConfig(max_new_tokens=12, temperature=0)
+    alone = _run(EngineCore(model, tok), [Request(prompt, greedy, stop_ids=frozenset())])
+    for caching in (True, False):
+        core = EngineCore(model, tok, prefix_caching=caching)
+        _run(core, [Request([core.filler] * 2, greedy, stop_ids=frozenset())])
+        if caching:
+            core.clear_prefix_cache()  # a fresh pool hands out the same block again
+        assert _run(core, [Request(prompt, greedy, stop_ids=frozenset())]) == alone
+
+
 def test_an_aborted_request_frees_its_blocks_at_the_next_step_and_an_oversized_one_fails_alone():
     tok, model = small_tokenizer(), tiny_model(max_seq_len=128)
     core = EngineCore(model, tok, max_batch=2, kv_blocks=9, block_size=4)  # 8 usable blocks: 32 tokens

@@ -5,6 +5,7 @@ and through the engine)."""
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 import torch
@@ -160,3 +161,54 @@ def test_sampled_engine_outputs_follow_the_target(target):
         rest = [sum(row) - sum(row[i] for i in common) for row in table]
         observed = [[row[i] for i in common] + [r] for row, r in zip(table, rest)]
         assert stats.chi2_contingency(observed).pvalue > 1e-3
+
+
+def test_generate_flags_load_a_draft_and_refuse_one_over_another_tokenizer(target, tmp_path, capsys):
+    """`generate --speculative-method draft --draft-model DIR` prints plain greedy decoding's text; a draft
+    trained on another tokenizer, or a draft without the method, is refused with the flag's name."""
+    from groundup.cli import main
+    from groundup.tokenizer import TokenizerConfig, train_tokenizer
+    from infer_helpers import model_dir
+
+    tok = small_tokenizer()
+    target_dir = model_dir(tmp_path / "target", target, tok)
+    draft_dir = model_dir(tmp_path / "draft", nearby(target, 0.1, 1), tok)
+    args = ["generate", "--model", str(target_dir), "--prompt", "KING HENRY.", "--max-new-tokens", "24",
+            "--temperature", "0", "--json"]
+    outputs = []
+    for extra in ([], ["--speculative-method", "draft", "--draft-model", str(draft_dir)],
+                  ["--speculative-method", "ngram", "--num-speculative-tokens", "3"]):
+        assert main(args + extra) == 0
+        outputs.append(capsys.readouterr().out)
+    assert outputs[0] == outputs[1] == outputs[2] and '"completion"' in outputs[0]
+    other = train_tokenizer(["a b c d e f g " * 50], TokenizerConfig(vocab_size=300), progress=False)
+    model_dir(tmp_path / "other", tiny_model(), other)
+    assert main(args + ["--speculative-method", "draft", "--draft-model", str(tmp_path / "other")]) != 0
+    err = capsys.readouterr().err
+    assert "--draft-model" in err and "a draft must be trained on the same tokenizer" in err
+    assert main(args + ["--draft-model", str(draft_dir)]) != 0
+    assert "--draft-model needs --speculative-method draft" in capsys.readouterr().err
+
+
+def test_the_server_with_prompt_lookup_answers_as_without_and_counts_its_drafts(target):
+    """/v1/completions through a server with `--speculative-method ngram`: the same greedy text as a plain
+    server, streamed or not, and the drafts it proposed and kept in /metrics."""
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from groundup.serve.app import create_app
+    from groundup.serve.server import Limits, Server
+
+    body = {"model": "tiny", "prompt": "the the the the the the the", "max_tokens": 24, "temperature": 0}
+    texts = []
+    for spec in (None, Speculator(SpeculativeConfig("ngram", 3))):
+        server = Server(target, small_tokenizer(), name="tiny", limits=Limits(max_batch=4), speculator=spec)
+        with TestClient(create_app(server)) as c:
+            texts.append(c.post("/v1/completions", json=body).json()["choices"][0]["text"])
+            streamed = c.post("/v1/completions", json=body | {"stream": True}).text
+            metrics = c.get("/metrics").text
+        assert "".join(json.loads(line[6:])["choices"][0]["text"] for line in streamed.splitlines()
+                       if line.startswith("data: {")) == texts[-1]
+    assert texts[0] == texts[1]
+    assert spec.proposed > 0 and f"groundup_spec_decode_num_draft_tokens_total {spec.proposed}\n" in metrics
+    assert f"groundup_spec_decode_num_accepted_tokens_total {spec.accepted}\n" in metrics

@@ -21,6 +21,9 @@ def _model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default: torch's choice; 1 is often fastest for small models "
                         "on a busy machine)")
+    from groundup.infer.speculative import add_speculative_arguments
+
+    add_speculative_arguments(p)
 
 
 def _sampling_arguments(p: argparse.ArgumentParser, max_new_tokens: int) -> None:
@@ -84,8 +87,12 @@ def _generator(args: argparse.Namespace):
             raise DataError(f"--threads {args.threads}: expected a positive integer")
         torch.set_num_threads(args.threads)
 
-    return Generator.from_checkpoint(args.model, device=args.device, dtype=args.dtype, compile=args.compile,
-                                     tokenizer=args.tokenizer, adapter=args.adapter)
+    from groundup.infer.speculative import speculator_from_args
+
+    g = Generator.from_checkpoint(args.model, device=args.device, dtype=args.dtype, compile=args.compile,
+                                  tokenizer=args.tokenizer, adapter=args.adapter)
+    speculator = speculator_from_args(args, g.tokenizer, g.device, g.dtype)
+    return Generator(g.model, g.tokenizer, compile=args.compile, speculator=speculator) if speculator else g
 
 
 # ---------------------------------------------------------------------- generate

@@ -345,6 +345,8 @@ class EngineCore:
             if forks:
                 logits = logits[torch.tensor(source, device=logits.device)]
             self._sample(rows, logits, events)
+        if self.decoder is not None:  # prefill (and forks) wrote pages: a block a finished row held may be reused
+            self.decoder.invalidate()  # under an equal block table, so the step must gather again
         if self.metrics is not None:
             self.metrics.prompt_tokens(sum(len(s.tokens) - s.cached for s in seqs))
 

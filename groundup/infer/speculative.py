@@ -227,3 +227,43 @@ def speculative_decode(core, spec: Speculator, seqs: list, events: list) -> None
             core.metrics.speculated(len(drafts), n)
     if core.metrics is not None and made:
         core.metrics.generated_tokens(made)
+
+
+# ---------------------------------------------------------------------- the command line (generate, serve)
+
+
+def add_speculative_arguments(p) -> None:
+    g = p.add_argument_group("speculative decoding")
+    g.add_argument("--speculative-method", choices=METHODS, default=None,
+                   help="ngram: prompt lookup (no second model); draft: a small model over the same tokenizer")
+    g.add_argument("--draft-model", default=None, metavar="DIR", help="the draft model (with --speculative-method draft)")
+    g.add_argument("--num-speculative-tokens", type=int, default=4, help="tokens proposed per step (default: 4)")
+    g.add_argument("--prompt-lookup-max", type=int, default=4, help="ngram: longest suffix looked up (default: 4)")
+    g.add_argument("--prompt-lookup-min", type=int, default=1, help="ngram: shortest suffix looked up (default: 1)")
+
+
+def speculator_from_args(args, tokenizer, device, dtype) -> Speculator | None:
+    """The Speculator the flags ask for (its draft model loaded beside the target), or None."""
+    from groundup.errors import ConfigError
+    from groundup.loading import load_for_inference
+
+    method, draft_dir = getattr(args, "speculative_method", None), getattr(args, "draft_model", None)
+    if method is None:
+        if draft_dir:
+            raise ConfigError("--draft-model needs --speculative-method draft", key="draft-model")
+        return None
+    cfg = SpeculativeConfig(method, args.num_speculative_tokens, args.prompt_lookup_max, args.prompt_lookup_min)
+    cfg.validate()
+    if method == "ngram":
+        if draft_dir:
+            raise ConfigError("--draft-model is for --speculative-method draft, not ngram", key="draft-model")
+        return Speculator(cfg)
+    if not draft_dir:
+        raise ConfigError("--speculative-method draft needs --draft-model DIR", key="draft-model")
+    draft, draft_tok = load_for_inference(draft_dir, device, dtype, None)
+    probe = "The draft reads the target's tokens: 123, café."
+    if draft_tok.vocab_size != tokenizer.vocab_size or draft_tok.encode(probe) != tokenizer.encode(probe):
+        raise ConfigError(f"--draft-model {draft_dir}: its tokenizer ({draft_tok.vocab_size} tokens) is not the "
+                          f"target's ({tokenizer.vocab_size}); a draft must be trained on the same tokenizer",
+                          key="draft-model")
+    return Speculator(cfg, draft=draft.eval())

@@ -32,6 +32,8 @@ def serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-key", default=os.environ.get("GROUNDUP_API_KEY"),
                    help="require 'Authorization: Bearer KEY' (default: $GROUNDUP_API_KEY, else no key)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the decode step (compiled once at start-up, then faster steps)")
     g = p.add_argument_group("limits")
     g.add_argument("--max-batch", type=int, default=16, help="rows decoded together (default: 16)")
     g.add_argument("--max-tokens", type=int, default=None, help="most new tokens per choice (default: the context)")
@@ -45,6 +47,9 @@ def serve_arguments(p: argparse.ArgumentParser) -> None:
                    help="KV cache blocks of 16 tokens shared by every request (default: --max-batch full contexts); "
                         "when they run out the newest request waits and is resumed later")
     g.add_argument("--grace", type=float, default=30.0, help="seconds in-flight requests get at shutdown (default: 30)")
+    from groundup.infer.speculative import add_speculative_arguments
+
+    add_speculative_arguments(p)
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument("--access-log", action="store_true", help="log every request")
 
@@ -64,6 +69,7 @@ def parse_adapters(specs: list[str]) -> dict[str, str]:
 def build_server(args: argparse.Namespace):
     import torch
 
+    from groundup.infer.speculative import speculator_from_args
     from groundup.loading import load_for_inference
     from groundup.serve.server import Limits, Server
 
@@ -78,7 +84,9 @@ def build_server(args: argparse.Namespace):
     limits.validate()
     model, tok = load_for_inference(args.model, args.device, args.dtype, args.tokenizer)
     name = args.name or Path(args.model).resolve().name
-    return Server(model, tok, name=name, adapters=adapters, limits=limits, api_key=args.api_key or None)
+    speculator = speculator_from_args(args, tok, model.device, model.dtype)
+    return Server(model, tok, name=name, adapters=adapters, limits=limits, api_key=args.api_key or None,
+                  speculator=speculator, compile=args.compile)
 
 
 def serve(args: argparse.Namespace) -> int:

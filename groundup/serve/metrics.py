@@ -127,7 +127,11 @@ class Metrics:
                     ("groundup_prefix_cache_hits_total", "counter", self.prefix_hits,
                      "Full prompt blocks found in the prefix cache (not prefilled)."),
                     ("groundup_preemptions_total", "counter", self.preemptions,
-                     "Sequences preempted when the KV blocks ran out (resumed later).")):
+                     "Sequences preempted when the KV blocks ran out (resumed later)."),
+                    ("groundup_spec_decode_num_draft_tokens_total", "counter", self.spec_proposed,
+                     "Tokens proposed by speculative decoding (prompt lookup or the draft model)."),
+                    ("groundup_spec_decode_num_accepted_tokens_total", "counter", self.spec_accepted,
+                     "Proposed tokens the target kept.")):
                 lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}", f"{name} {value}"]
             lines += ["# HELP groundup_batch_size Rows per decode step.", "# TYPE groundup_batch_size histogram"]
             lines += self.batch.lines("groundup_batch_size")

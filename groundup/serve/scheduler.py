@@ -49,13 +49,15 @@ class Busy(Exception):
 
 class Scheduler:
     def __init__(self, model, tokenizer, bank=None, max_batch: int = 16, max_prefill_tokens: int = 2048,
-                 max_waiting: int = 1024, metrics=None, kv_blocks: int | None = None, block_size: int = 16):
+                 max_waiting: int = 1024, metrics=None, kv_blocks: int | None = None, block_size: int = 16,
+                 speculator=None, compile: bool = False):
         context_blocks = -(-model.cfg.max_seq_len // block_size) + 1
         if kv_blocks is not None and kv_blocks < context_blocks:
             raise ConfigError(f"kv_blocks = {kv_blocks}: at least {context_blocks} blocks of {block_size} tokens, so "
                               f"one request can fill the model's context ({model.cfg.max_seq_len})", key="kv_blocks")
         self.core = EngineCore(model, tokenizer, max_batch=max_batch, kv_blocks=kv_blocks, block_size=block_size,
-                               max_prefill_tokens=max_prefill_tokens, bank=bank, metrics=metrics)
+                               max_prefill_tokens=max_prefill_tokens, bank=bank, metrics=metrics,
+                               speculator=speculator, compile=compile)
         self.model, self.tok, self.metrics = model, tokenizer, metrics
         self.max_waiting = max_waiting
         self.inbox: deque[tuple[Request, asyncio.Queue, asyncio.AbstractEventLoop]] = deque()

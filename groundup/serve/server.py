@@ -45,7 +45,8 @@ class Limits:
 
 class Server:
     def __init__(self, model, tokenizer, name: str = "groundup", adapters: dict[str, str | Path] | None = None,
-                 limits: Limits | None = None, api_key: str | None = None):
+                 limits: Limits | None = None, api_key: str | None = None, speculator=None,
+                 compile: bool = False):
         self.model, self.tokenizer, self.name = model.eval(), tokenizer, name
         self.limits = limits or Limits()
         self.limits.validate()
@@ -64,7 +65,8 @@ class Server:
         self.scheduler = Scheduler(model, tokenizer, self.bank if len(self.bank) else None,
                                    max_batch=self.limits.max_batch, max_prefill_tokens=self.limits.max_prefill_tokens,
                                    max_waiting=self.limits.max_waiting, metrics=self.metrics,
-                                   kv_blocks=self.limits.kv_blocks)
+                                   kv_blocks=self.limits.kv_blocks, speculator=speculator,
+                                   compile=compile)
         self.metrics.scheduler = self.scheduler
         self.created = int(time.time())
         self.started = False
