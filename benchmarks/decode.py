@@ -39,9 +39,11 @@ def timed(fn):
     return time.perf_counter() - start, out
 
 
-def hf_greedy(hf, prompts: torch.Tensor, n: int) -> list[list[int]]:
+def hf_greedy(hf, prompts: torch.Tensor, n: int, **options) -> list[list[int]]:
+    """transformers' greedy `generate` of n tokens (no early stop); `options` go to `generate` as well
+    (e.g. cache_implementation="static")."""
     out = hf.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=n, min_new_tokens=0,
-                      do_sample=False, eos_token_id=None, pad_token_id=0)
+                      do_sample=False, eos_token_id=None, pad_token_id=0, **options)
     return out[:, prompts.shape[1]:].tolist()
 
 
@@ -57,14 +59,7 @@ def compare(engines: dict, hf, prompts: torch.Tensor, n: int, repeat: int) -> di
     rows = prompts.tolist()
     sides = {name: (lambda g=g: cold(g, rows, n)) for name, g in engines.items()}
     sides["transformers"] = lambda: hf_greedy(hf, prompts, n)
-    for fn in sides.values():  # warm up (and compile) outside the timings
-        fn()
-    times = {name: [] for name in sides}
-    tokens = {}
-    for _ in range(repeat):
-        for name, fn in sides.items():
-            seconds, tokens[name] = timed(fn)
-            times[name].append(seconds)
+    times, tokens, _ = race(sides, repeat)
     result = {}
     for name, ts in times.items():
         median = statistics.median(ts)
@@ -77,6 +72,21 @@ def compare(engines: dict, hf, prompts: torch.Tensor, n: int, repeat: int) -> di
         result[name]["first_difference_per_row"] = [first_difference(a, b) for a, b in zip(tokens[name],
                                                                                            tokens["transformers"])]
     return result
+
+
+def race(sides: dict, repeat: int, clock=timed, warmups: int = 1) -> tuple[dict, dict, dict]:
+    """Each side called `warmups` times (warm-up and compiling, outside the timings), then `repeat` rounds
+    of every side in turn (interleaved: a shared machine's slow moments hit each side alike). `clock(fn)`
+    -> (seconds, fn's output). Returns per side the seconds of each run, the last run's output and the
+    seconds of each warm-up call."""
+    warm = {name: [clock(fn)[0] for _ in range(warmups)] for name, fn in sides.items()}
+    times = {name: [] for name in sides}
+    tokens = {}
+    for _ in range(repeat):
+        for name, fn in sides.items():
+            seconds, tokens[name] = clock(fn)
+            times[name].append(seconds)
+    return times, tokens, warm
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
@@ -98,6 +108,18 @@ def time_to_first_token(engines: dict, hf, prompt: torch.Tensor, repeat: int) ->
     return out
 
 
+def save_for_both(model, tok, work: Path) -> Path:
+    """The model (as it is: its dtype is the files') with its tokenizer as WORK/model, and exported with
+    `groundup export hf` as WORK/hf, which AutoModelForCausalLM loads: both sides then hold the same weights."""
+    from groundup.interop import export_hf
+    from groundup.model.model_dir import save_model
+
+    save_model(model, work / "model")
+    tok.save(work / "model" / "tokenizer")
+    export_hf(work / "model", work / "hf")
+    return work / "hf"
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--new-tokens", type=int, default=256)
@@ -117,9 +139,7 @@ def main() -> None:
     from groundup.config import from_dict
     from groundup.corpus import iter_shakespeare
     from groundup.infer import Generator
-    from groundup.interop import export_hf
     from groundup.model import ModelConfig, Transformer
-    from groundup.model.model_dir import save_model
     from groundup.tokenizer import TokenizerConfig, train_tokenizer
 
     load_before = os.getloadavg()
@@ -130,9 +150,7 @@ def main() -> None:
     tok = train_tokenizer(texts, TokenizerConfig(vocab_size=CONFIG["vocab_size"]), progress=False)
     torch.manual_seed(0)
     model = Transformer(from_dict(ModelConfig, CONFIG)).eval()
-    save_model(model, work / "model")
-    tok.save(work / "model" / "tokenizer")
-    export_hf(work / "model", work / "hf")
+    save_for_both(model, tok, work)
     gen = torch.Generator().manual_seed(1)
     report = {"config": CONFIG, "prompt_tokens": args.prompt_tokens, "threads": torch.get_num_threads(),
               "torch": torch.__version__, "transformers": transformers.__version__,

@@ -24,11 +24,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ctypes
 import itertools
 import json
 import os
 import platform
 import random
+import signal
 import socket
 import subprocess
 import sys
@@ -44,9 +46,12 @@ PROMPT_LENGTHS = (16, 32, 64, 128, 256, 384)  # the load run
 OUTPUT_LENGTHS = (8, 16, 32, 64, 128)
 SWEEP_PROMPT_LENGTHS = (16, 32, 64, 128)  # the sweep: chat-like, decoding dominates
 SWEEP_OUTPUT_LENGTHS = (32, 64, 128, 256)
+REPO = str(Path(__file__).resolve().parents[1])  # the server subprocess imports groundup from here
 
 
-def build_model(work: Path) -> Path:
+def build_model(work: Path, config: dict = CONFIG, texts: int = 30) -> Path:
+    """A randomly initialised model of `config` and a BPE of its vocab_size trained on `texts` of Shakespeare's
+    works, saved to WORK/model (returned)."""
     import torch
 
     from groundup.config import from_dict
@@ -55,35 +60,77 @@ def build_model(work: Path) -> Path:
     from groundup.model.model_dir import save_model
     from groundup.tokenizer import TokenizerConfig, train_tokenizer
 
-    texts = [w["text"] for w in itertools.islice(iter_shakespeare(), 30)]
-    tok = train_tokenizer(texts, TokenizerConfig(vocab_size=CONFIG["vocab_size"]), progress=False)
+    corpus = [w["text"] for w in itertools.islice(iter_shakespeare(), texts)]
+    tok = train_tokenizer(corpus, TokenizerConfig(vocab_size=config["vocab_size"]), progress=False)
     torch.manual_seed(0)
-    model = Transformer(from_dict(ModelConfig, CONFIG)).eval()
+    model = Transformer(from_dict(ModelConfig, config)).eval()
     save_model(model, work / "model")
     tok.save(work / "model" / "tokenizer")
     return work / "model"
 
 
-def start_server(model: Path, threads: int, max_batch: int) -> tuple[subprocess.Popen, str]:
+def start_server(model: Path, threads: int | None, max_batch: int, device: str | None = None, extra: tuple = (),
+                 stderr=subprocess.PIPE, stdout=None, wait: float = 120) -> tuple[subprocess.Popen, str]:
+    """`groundup serve` on a free loopback port as a subprocess, once /health answers: (process, base URL).
+    `threads` None: torch's choice; `device` None: the server's default; `extra`: more `serve` arguments;
+    `stderr`, `stdout`: where the server's log goes (default: a pipe, read if it exits early; this process's
+    stdout). The server gets SIGTERM if this process dies; otherwise the caller stops it (stop_server)."""
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
     s.close()
     cmd = [sys.executable, "-m", "groundup", "serve", "--checkpoint", str(model), "--name", "bench", "--port",
-           str(port), "--threads", str(threads), "--max-batch", str(max_batch), "--log-level", "warning"]
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+           str(port), "--max-batch", str(max_batch), "--log-level", "warning", *map(str, extra)]
+    if threads is not None:
+        cmd += ["--threads", str(threads)]
+    if device is not None:
+        cmd += ["--device", device]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.Popen(cmd, stdout=stdout, stderr=stderr, text=True, env=env, preexec_fn=_die_with_parent)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited: {proc.stderr.read()[-2000:]}")
+    deadline = time.time() + wait
+    try:
+        while time.time() < deadline:
+            if proc.poll() is not None:
+                log = proc.stderr.read()[-2000:] if proc.stderr else "(see its log)"
+                raise RuntimeError(f"the server exited with {proc.returncode}: {log}")
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    return proc, url
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"the server did not come up within {wait:g} s")
+    except BaseException:
+        stop_server(proc)
+        raise
+
+
+def _die_with_parent() -> None:
+    """In the server's process, before exec: SIGTERM when this process dies, even killed (Linux only)."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+
+
+def stop_server(proc: subprocess.Popen, grace: float = 30) -> None:
+    """SIGTERM (the server finishes in-flight requests), then SIGKILL after `grace` seconds."""
+    if proc.poll() is None:
+        proc.terminate()
         try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError("the server did not come up within 120 s")
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def scrape_metrics(url: str) -> dict[str, float]:
+    """The server's unlabelled /metrics samples (counters and gauges), by name."""
+    out = {}
+    for line in httpx.get(url + "/metrics", timeout=30).text.splitlines():
+        name, _, value = line.partition(" ")
+        if name.startswith("groundup_") and "{" not in name and value:
+            out[name] = float(value.split()[0])
+    return out
 
 
 def make_requests(n: int, seed: int, vocab: int, words: list[str], chat_share: float = 0.2,
@@ -221,12 +268,9 @@ def main() -> None:
         c1, c8 = report["sweep"][1]["tokens_per_s"], report["sweep"][8]["tokens_per_s"]
         report["speedup_c8_vs_c1"] = round(c8 / c1, 2)
         report["openai_client"] = openai_client_check(url)
-        metrics = httpx.get(url + "/metrics").text
-        report["server_decode_steps"] = next(int(float(line.split()[-1])) for line in metrics.splitlines()
-                                             if line.startswith("groundup_decode_steps_total"))
+        report["server_decode_steps"] = int(scrape_metrics(url)["groundup_decode_steps_total"])
     finally:
-        proc.terminate()
-        proc.wait(60)
+        stop_server(proc, 60)
     load = report["load"]
     report["checks"] = {"no_errors": load["errors"] == 0, "all_complete": load["incomplete"] == 0,
                         "c8_at_least_3x_c1": report["speedup_c8_vs_c1"] >= 3.0,

@@ -72,7 +72,10 @@ def test_async_write_is_invisible_until_complete_and_a_crash_resumes_exactly(sha
         return finish(tmp, step, *args, **kwargs)
 
     monkeypatch.setattr(ckpt, "finish_sharded", held)
-    run_sharded(monkeypatch, make_dist, cfg, run)
+    summary = run_sharded(monkeypatch, make_dist, cfg, run)
+    # The seconds the loop waited in each save (step 4's only for the copy: its write was held until step 5).
+    assert summary["checkpoint_async"] is True and [s["step"] for s in summary["checkpoint_saves"]] == [2, 4, 6]
+    assert all(isinstance(s["blocked_s"], float) and s["blocked_s"] >= 0 for s in summary["checkpoint_saves"])
     assert {".metadata", "__0_0.distcp"} <= set(seen["tmp"]) and "meta.json" not in seen["tmp"]
     # Training went on (step 5 logged) while step 4 was incomplete, and nothing vouched for it.
     assert any(r["step"] == 5 for r in metrics(crashed)[0])

@@ -143,6 +143,7 @@ def test_experts_of_a_stacked_weight_use_the_same_kernels():
             assert _rel(qw.matmul(x, e), ref) < 1e-4
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("fmt", ["int8", "int4"])
 def test_cuda_kernels_match_dequantize_then_matmul(fmt):

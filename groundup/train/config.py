@@ -229,7 +229,8 @@ class LogConfig:
 
 @dataclass
 class DistributedConfig:
-    # Chosen when launched by torchrun with more than one process; one process ignores it.
+    # Chosen when launched by torchrun with more than one process; one process ignores it, except that
+    # fsdp under torchrun with one process shards over a one-process mesh (the sharded path on one GPU).
     strategy: Literal["ddp", "fsdp"] = "ddp"  # ddp: a full model copy per process; fsdp: sharded (FSDP2)
     backend: Literal["auto", "nccl", "gloo"] = "auto"  # auto: nccl on GPUs, gloo on CPUs
     meta_init: bool = False  # FSDP: build on the meta device and initialise shards in place (big models)

@@ -3,11 +3,13 @@
     torchrun --nproc-per-node 8 -m groundup train --config run.toml --out RUN distributed.strategy=fsdp
     torchrun --nproc-per-node 8 -m groundup train ... distributed.strategy=fsdp distributed.tp=2
 
-One process (no torchrun, or WORLD_SIZE=1) trains a plain module. More than one: a process group
-(NCCL on GPUs, gloo on CPUs) and either DistributedDataParallel or FSDP2 with each transformer
-block and then the whole model sharded over a device mesh (an explicit CPU mesh when there is no
-GPU). With `distributed.tp` > 1 the mesh is 2-D, (dp, tp): consecutive ranks form a tensor-parallel
-group (parallelize.py shards each block over it) and FSDP2 shards over dp.
+One process (no torchrun, or WORLD_SIZE=1) trains a plain module; only FSDP2 under torchrun shards
+over a one-process mesh (the sharded path, DCP checkpoints and asynchronous saves included, on one
+GPU). More than one: a process group (NCCL on GPUs, gloo on CPUs) and either DistributedDataParallel
+or FSDP2 with each transformer block and then the whole model sharded over a device mesh (an
+explicit CPU mesh when there is no GPU). With `distributed.tp` > 1 the mesh is 2-D, (dp, tp):
+consecutive ranks form a tensor-parallel group (parallelize.py shards each block over it) and FSDP2
+shards over dp.
 
 `Dist.rank` and `Dist.world_size` are *data-parallel*: the share of each batch this process reads
 and how many shares there are (processes / tp). The tp processes of a group read the same batch,
@@ -75,6 +77,7 @@ class Dist:
     sequence_parallel: bool = False
     ckpt_group: object = None  # a gloo group of every process for checkpoint I/O (see dcp.py)
     pending: list = field(default_factory=list)  # checkpoints still being written (async_save)
+    joined: bool = False  # init_distributed joined torchrun's process group (close leaves it)
 
     @property
     def is_main(self) -> bool:
@@ -135,11 +138,16 @@ class Dist:
         """Finish checkpoints still being written (a background write must not outlive the group), then leave."""
 
         wait_pending(self, raise_errors=False)
-        if self.active and dist.is_initialized():
+        if (self.active or self.joined) and dist.is_initialized():
             if not _RETIRED_GROUPS:
                 atexit.register(_release_retired_groups)
             _RETIRED_GROUPS.extend(getattr(dist.distributed_c10d._world, "pg_map", None) or [dist.group.WORLD])
             dist.destroy_process_group()
+
+
+def _launched() -> bool:
+    """True under torchrun (or a launcher like it): the environment names the process group's rendezvous."""
+    return all(k in os.environ for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"))
 
 
 def init_distributed(cfg, model_cfg=None) -> Dist:
@@ -149,10 +157,10 @@ def init_distributed(cfg, model_cfg=None) -> Dist:
     rank, local = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
     device = resolve_device(cfg.train.device, local, key="train.device")
     dc = cfg.distributed
-    if world == 1:
-        if dc.tp > 1:
-            raise ConfigError(f"distributed.tp = {dc.tp} needs {dc.tp} processes or a multiple (torchrun "
-                              f"--nproc-per-node {dc.tp}); this is one process", key="distributed.tp")
+    if world == 1 and dc.tp > 1:
+        raise ConfigError(f"distributed.tp = {dc.tp} needs {dc.tp} processes or a multiple (torchrun "
+                          f"--nproc-per-node {dc.tp}); this is one process", key="distributed.tp")
+    if world == 1 and not (dc.strategy == "fsdp" and _launched()):
         return Dist(device=device)
     if world % dc.tp:
         raise ConfigError(f"distributed.tp = {dc.tp} must divide the number of processes ({world})",
@@ -183,7 +191,7 @@ def init_distributed(cfg, model_cfg=None) -> Dist:
         # background thread must never interleave collectives with training's on the same group.
         ckpt_group = dist.new_group(backend="gloo", timeout=datetime.timedelta(minutes=60))
     return Dist(rank // dc.tp, world // dc.tp, local, device, dc.strategy, mesh, tp=dc.tp, global_rank=rank,
-                processes=world, sequence_parallel=dc.sequence_parallel, ckpt_group=ckpt_group)
+                processes=world, sequence_parallel=dc.sequence_parallel, ckpt_group=ckpt_group, joined=True)
 
 
 def wrap(model: nn.Module, d: Dist, mp_policy=None, find_unused: bool = False) -> nn.Module:

@@ -127,9 +127,13 @@ def _evaluate(state: TrainState, log: MetricsLog, budget: TimeBudget) -> dict:
 
 
 def _save(state: TrainState, log: MetricsLog, budget: TimeBudget):
+    """Checkpoint; the seconds the loop waited for it go to `budget.saves` (the summary's checkpoint_saves):
+    an asynchronous save's copy to CPU memory, plus any wait for the previous write, not the write itself."""
     started = time.perf_counter()
     saved = save_state(state, log.offset(), log.note)
-    budget.timed("checkpoint", time.perf_counter() - started)
+    took = time.perf_counter() - started
+    budget.timed("checkpoint", took)
+    budget.saves.append({"step": state.step, "blocked_s": took})
     return saved
 
 
@@ -313,7 +317,8 @@ def _loop(state: TrainState, log: MetricsLog, stop: dict, began: float) -> dict:
         "interrupted": interrupted, "precision": state.precision.mode, "world_size": d.world_size,
         "strategy": d.strategy, "tp": d.tp, "processes": d.processes, "max_steps": cfg.train.max_steps,
         "time_limit_s": cfg.train.time_limit_s, "time_limit_reached": timed_out,
-        "replans": budget.plans, "threads": torch.get_num_threads(),
+        "replans": budget.plans, "threads": torch.get_num_threads(), "checkpoint_saves": budget.saves,
+        "checkpoint_async": d.sharded and bool(getattr(getattr(cfg, "checkpoint", None), "async_save", False)),
     }
     if d.is_main:
         atomic_write_json(state.run_dir / SUMMARY_FILE, summary)

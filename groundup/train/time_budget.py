@@ -44,6 +44,7 @@ class TimeBudget:
         self.last_step_s: float | None = None  # any step's, warm-up included
         self.eval_s: float | None = None  # the last evaluation's seconds
         self.checkpoint_s: float | None = None
+        self.saves: list[dict] = []  # {"step", "blocked_s"} of each checkpoint this session (see loop._save)
         self.plans = 0
         self.steps_since_plan = 0
 
