@@ -124,12 +124,15 @@ def stop_server(proc: subprocess.Popen, grace: float = 30) -> None:
 
 
 def scrape_metrics(url: str) -> dict[str, float]:
-    """The server's unlabelled /metrics samples (counters and gauges), by name."""
-    out = {}
+    """The server's /metrics samples by name, summed over their labels (vllm:* carry model_name)."""
+    out: dict[str, float] = {}
     for line in httpx.get(url + "/metrics", timeout=30).text.splitlines():
-        name, _, value = line.partition(" ")
-        if name.startswith("groundup_") and "{" not in name and value:
-            out[name] = float(value.split()[0])
+        if line.startswith("#") or not line.strip():
+            continue
+        series, _, value = line.rpartition(" ")
+        name = series.split("{", 1)[0]
+        if name.startswith(("groundup_", "vllm:")):
+            out[name] = out.get(name, 0.0) + float(value)
     return out
 
 

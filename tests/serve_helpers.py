@@ -35,9 +35,9 @@ def make_adapter(base, path, lora: LoraConfig, seed: int):
     return merge_lora(model).eval()
 
 
-def make_server(model=None, adapters=None, api_key=None, **limits) -> Server:
+def make_server(model=None, adapters=None, api_key=None, allow_adapter_updates=False, **limits) -> Server:
     return Server(model if model is not None else served_model(), small_tokenizer(), name="tiny", adapters=adapters,
-                  limits=Limits(**limits), api_key=api_key)
+                  limits=Limits(**limits), api_key=api_key, allow_adapter_updates=allow_adapter_updates)
 
 
 class LiveServer:
@@ -71,3 +71,15 @@ class LiveServer:
         self.uvicorn.should_exit = True
         self.thread.join(30)
         self.sock.close()
+
+
+def scrape(text: str) -> dict[str, float]:
+    """/metrics read by prometheus-client's own parser: each sample's value by its name, summed over its label
+    sets (a histogram's `_count`, a counter's `_total`, ...)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out[sample.name] = out.get(sample.name, 0.0) + sample.value
+    return out

@@ -135,6 +135,19 @@ def test_an_aborted_request_frees_its_blocks_at_the_next_step_and_an_oversized_o
     assert core.pool.used == 0 and not core.has_work()
 
 
+def test_a_prompt_that_fills_the_context_fails_alone():
+    tok, model = small_tokenizer(), tiny_model(max_seq_len=32)
+    core = EngineCore(model, tok, max_batch=2)
+    ok = Request([tok.eot_id] + tok.encode("Hello"), GREEDY)
+    core.add(Request([tok.eot_id] * 32, GREEDY))
+    core.add(ok)
+    errors = [e.message for e in core.step() if isinstance(e, ErrorEvent)]
+    assert errors == ["the prompt has 32 tokens; the model's context is 32, which leaves none to generate"]
+    while core.has_work():
+        core.step()
+    assert core.pool.used == 0
+
+
 def test_a_generator_forgets_its_cache_when_the_weights_change():
     tok, model = small_tokenizer(), tiny_model(max_seq_len=128)
     gen = Generator(model, tok, block_size=4)

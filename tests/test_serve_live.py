@@ -1,11 +1,13 @@
 """A real server on loopback: the official `openai` client (sync, async, streaming) unchanged, a client
-that disconnects mid-stream frees its slot at once, lm-evaluation-harness's `local-completions` model
+that disconnects (streaming or not, reading or stalled) frees its sequence and its KV blocks at the
+engine's next step, lm-evaluation-harness's `local-completions` model
 scores through the server exactly as direct scoring does, and SIGINT lets in-flight requests finish
 before the process exits."""
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import os
 import signal
@@ -21,6 +23,7 @@ import pytest
 import torch
 
 from groundup.model.logprobs import token_stats
+from groundup.serve.app import create_app
 from infer_helpers import model_dir, small_tokenizer
 from serve_helpers import LiveServer, make_server, served_model
 
@@ -73,20 +76,91 @@ def test_the_openai_client_works_unchanged(live):
     assert "".join(streamed) == alone.choices[0].text
 
 
-def test_a_client_that_disconnects_mid_stream_frees_its_slot(live):
+def _cancels(sched, monkeypatch) -> list[int]:
+    """The decode steps taken when the server cancels a job, read once the cancel is done: the engine may
+    finish the step it is in (1 more at most), the next one frees the blocks."""
+    steps, cancel = [], sched.cancel
+
+    def counted(job):
+        cancel(job)
+        steps.append(sched.steps)
+
+    monkeypatch.setattr(sched, "cancel", counted)
+    return steps
+
+
+@pytest.mark.parametrize("streamed", [True, False], ids=["stream", "non-stream"])
+def test_a_client_that_disconnects_frees_its_sequence_and_blocks_within_one_step(live, monkeypatch, streamed):
     sched = live.server.scheduler
-    with httpx.Client(base_url=live.url, timeout=30) as client:
-        with client.stream("POST", "/v1/completions", json={"prompt": "x", "max_tokens": 250, "stream": True,
-                                                           "ignore_eos": True}) as r:
-            lines = r.iter_lines()
-            for _ in range(3):
-                next(lines)
-            assert sched.running == 1
-            steps = sched.steps
-        deadline = time.time() + 5
-        while sched.running and time.time() < deadline:
-            time.sleep(0.002)
-    assert sched.running == 0 and sched.steps - steps < 100  # freed long before its 250 tokens
+    aborted = live.server.metrics.aborted_sequences
+    before = aborted._value.get()
+    cancels = _cancels(sched, monkeypatch)
+    body = json.dumps({"prompt": "x", "max_tokens": 250, "stream": streamed, "ignore_eos": True}).encode()
+    start = sched.steps
+    with socket.create_connection(("127.0.0.1", live.port)) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        if streamed:
+            assert s.recv(4096).startswith(b"HTTP/1.1 200")
+        deadline = time.time() + 30
+        while (sched.kv_blocks_used[0] == 0 or sched.steps < start + 3) and time.time() < deadline:
+            time.sleep(0.001)
+        assert sched.running == 1 and sched.kv_blocks_used[0] > 0 and not cancels
+        closed = sched.steps
+    deadline = time.time() + 10
+    while (sched.running or sched.kv_blocks_used[0]) and time.time() < deadline:
+        time.sleep(0.001)
+    assert sched.running == 0 and sched.kv_blocks_used[0] == 0  # its blocks are back in the pool
+    assert aborted._value.get() == before + 1  # dropped unfinished, not run out its 250 tokens
+    assert cancels and sched.steps - cancels[0] <= 1  # freed at the first step after the server learned of it
+    assert cancels[0] - closed < 50  # and it learned of it at once (a loose bound: the engine steps meanwhile)
+
+
+def test_a_disconnect_while_the_stream_waits_to_write_cancels_at_once(live, monkeypatch):
+    """A client that stops reading fills its window, so the stream waits inside `send`, suspended at a
+    `yield`: when the client then goes away, Starlette cancels the writer there and the stream's own
+    `finally` would only run once the garbage collector found it (disabled here)."""
+    sched = live.server.scheduler
+    cancels = _cancels(sched, monkeypatch)
+    app = create_app(live.server)  # driven by hand: `send` never returns once the body has started
+    body = json.dumps({"prompt": "x", "max_tokens": 250, "stream": True, "ignore_eos": True}).encode()
+    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
+             "method": "POST", "scheme": "http", "path": "/v1/completions", "raw_path": b"/v1/completions",
+             "query_string": b"", "root_path": "", "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 2),
+             "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]}
+
+    async def scenario():
+        gone, stuck, messages = asyncio.Event(), asyncio.Event(), [{"type": "http.request", "body": body}]
+
+        async def receive():
+            if messages:
+                return messages.pop()
+            await gone.wait()
+            return {"type": "http.disconnect"}
+
+        async def send(message):
+            if message["type"] == "http.response.body":
+                stuck.set()
+                await asyncio.Event().wait()  # the client's window is full
+
+        task = asyncio.create_task(app(scope, receive, send))
+        await stuck.wait()
+        assert sched.running == 1 and not cancels
+        gone.set()
+        await asyncio.wait_for(task, 10)
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert cancels, "the job was left running"  # (asyncio.run's exit would close the stream)
+
+    gc.disable()
+    try:
+        asyncio.run(scenario())
+    finally:
+        gc.enable()
+    deadline = time.time() + 10
+    while (sched.running or sched.kv_blocks_used[0]) and time.time() < deadline:
+        time.sleep(0.001)
+    assert sched.running == 0 and sched.kv_blocks_used[0] == 0 and sched.steps - cancels[0] <= 1
 
 
 def _lm_eval_items() -> list[tuple[str, list[str], int]]:

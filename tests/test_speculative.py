@@ -198,6 +198,7 @@ def test_the_server_with_prompt_lookup_answers_as_without_and_counts_its_drafts(
 
     from groundup.serve.app import create_app
     from groundup.serve.server import Limits, Server
+    from serve_helpers import scrape
 
     body = {"model": "tiny", "prompt": "the the the the the the the", "max_tokens": 24, "temperature": 0}
     texts = []
@@ -206,9 +207,10 @@ def test_the_server_with_prompt_lookup_answers_as_without_and_counts_its_drafts(
         with TestClient(create_app(server)) as c:
             texts.append(c.post("/v1/completions", json=body).json()["choices"][0]["text"])
             streamed = c.post("/v1/completions", json=body | {"stream": True}).text
-            metrics = c.get("/metrics").text
+            metrics = scrape(c.get("/metrics").text)
         assert "".join(json.loads(line[6:])["choices"][0]["text"] for line in streamed.splitlines()
                        if line.startswith("data: {")) == texts[-1]
     assert texts[0] == texts[1]
-    assert spec.proposed > 0 and f"groundup_spec_decode_num_draft_tokens_total {spec.proposed}\n" in metrics
-    assert f"groundup_spec_decode_num_accepted_tokens_total {spec.accepted}\n" in metrics
+    assert spec.proposed > 0 and metrics["vllm:spec_decode_num_draft_tokens_total"] == spec.proposed
+    assert metrics["vllm:spec_decode_num_accepted_tokens_total"] == spec.accepted
+    assert 0 < metrics["vllm:spec_decode_num_drafts_total"] <= spec.proposed

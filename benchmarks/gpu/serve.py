@@ -88,9 +88,9 @@ def measure(url: str, requests: list[dict], concurrency: int) -> dict:
 
     steps = delta("groundup_decode_steps_total")
     out["decode_steps"] = int(steps)
-    out["tokens_per_step"] = round(delta("groundup_generation_tokens_total") / steps, 2) if steps else None
+    out["tokens_per_step"] = round(delta("vllm:generation_tokens_total") / steps, 2) if steps else None
     out["ms_per_step"] = round(1000 * out["wall_s"] / steps, 2) if steps else None
-    out["preemptions"] = int(delta("groundup_preemptions_total"))
+    out["preemptions"] = int(delta("vllm:num_preemptions_total"))
     return out
 
 

@@ -10,6 +10,7 @@
     paged_decode.py    DecodeStep: one token per sequence over the pages, eager or torch.compile'd (one graph)
     engine.py          Generator: prompts or chats in, text out (batched, streamed) through the core
     prompts.py         PromptEncoder: the one prompt path (prefix, special-token spellings, chat format), serve's too
+    speculative.py     speculative decoding: prompt lookup (n-gram) or a draft model proposes, the target verifies
     sampling.py        SamplingConfig and Sampler: greedy, temperature, top-k, top-p, min-p, repetition penalty
     structured.py      structured output: JSON schema, JSON object, regex, choice or grammar, masked by llguidance
     text_stream.py     TextStream: token ids to text as it becomes final (incremental UTF-8, stop strings)

@@ -118,6 +118,7 @@ class Sequence:
         self.registered = 0  # full blocks offered to the prefix cache
         self.cached = 0  # positions whose K/V are in its blocks
         self.count = 0  # generated tokens
+        self.first_at = self.last_at = None  # when its first and its latest tokens were sampled (perf_counter)
         self.matcher = None  # structured output: where the sequence is in its grammar
 
     @property
@@ -238,6 +239,8 @@ class EngineCore:
         s.blocks = []
         if s.stream.finish_reason is None:
             s.stream.finish_reason = "abort"
+            if self.metrics is not None:
+                self.metrics.aborted()
 
     # ------------------------------------------------------------------ admission and prefill
 
@@ -254,6 +257,11 @@ class EngineCore:
                     self.waiting.popleft()
                     events += [TokenEvent(item, item.base_index + i, None, "", finish_reason="length")
                                for i in range(item.n)]
+                    continue
+                if len(item.prompt) >= self.cfg.max_seq_len:  # no room for one new token: it fails alone
+                    self.waiting.popleft()
+                    events.append(ErrorEvent(item, f"the prompt has {len(item.prompt)} tokens; the model's context "
+                                                   f"is {self.cfg.max_seq_len}, which leaves none to generate"))
                     continue
                 slots = item.n
             else:
@@ -282,6 +290,8 @@ class EngineCore:
             admitted.append(seq)
             self.running.append(seq)
             budget -= need
+            if self.metrics is not None:  # vLLM's counts: the tokens looked up, those found cached
+                self.metrics.prefix_cache(queries=len(seq.tokens), hits=seq.cached)
         return admitted
 
     def _first_sequence(self, request: Request) -> Sequence:
@@ -304,7 +314,7 @@ class EngineCore:
         """Give `seq` blocks for all its tokens (cached ones shared); the tokens left to prefill, or None
         (nothing claimed) when the pool cannot hold them plus `extra` blocks (its forks' partial blocks)."""
         size = self.block_size
-        seq.keys = block_hashes(seq.tokens, size, seq.request.adapter)
+        seq.keys = block_hashes(seq.tokens, size, self._cache_key(seq.request))
         usable = (len(seq.tokens) - 1) // size  # the last token is always computed: its logits are needed
         shared = self.pool.cached_prefix(seq.keys[:usable]) if self.prefix_caching else []
         fresh = self.pool.allocate(math.ceil(len(seq.tokens) / size) - len(shared) + extra)
@@ -314,8 +324,6 @@ class EngineCore:
         seq.spare = fresh[len(fresh) - extra:]  # for its forks' partial last blocks
         fresh = fresh[: len(fresh) - extra]
         seq.blocks, seq.cached, seq.registered = shared + fresh, len(shared) * size, len(shared)
-        if self.metrics is not None:
-            self.metrics.prefix_cache(queries=usable, hits=len(shared))
         return len(seq.tokens) - seq.cached
 
     def _unclaim(self, seq: Sequence) -> None:
@@ -323,6 +331,8 @@ class EngineCore:
         seq.blocks, seq.spare, seq.cached = [], [], 0
 
     def _prefill(self, seqs: list[Sequence], events: list) -> None:
+        if self.metrics is not None:
+            self.metrics.prefilled(sum(len(s.tokens) - s.cached for s in seqs))
         groups: list[list[Sequence]] = []  # by new tokens, so padding wastes little
         for s in sorted(seqs, key=lambda s: len(s.tokens) - s.cached):
             if groups and self._fits(groups[-1], s):
@@ -347,8 +357,6 @@ class EngineCore:
             self._sample(rows, logits, events)
         if self.decoder is not None:  # prefill (and forks) wrote pages: a block a finished row held may be reused
             self.decoder.invalidate()  # under an equal block table, so the step must gather again
-        if self.metrics is not None:
-            self.metrics.prompt_tokens(sum(len(s.tokens) - s.cached for s in seqs))
 
     def _fits(self, group: list[Sequence], s: Sequence) -> bool:
         new = len(s.tokens) - s.cached  # at least every new count in `group`
@@ -386,7 +394,7 @@ class EngineCore:
             return
         size = self.block_size
         while len(s.keys) < s.cached // size:  # keys of blocks filled by generated tokens
-            parent = s.keys[-1] if s.keys else hash(("groundup-kv", s.request.adapter))
+            parent = s.keys[-1] if s.keys else hash(("groundup-kv", self._cache_key(s.request)))
             start = len(s.keys) * size
             s.keys.append(hash((parent, tuple(s.tokens[start : start + size]))))
         while s.registered < s.cached // size:
@@ -438,6 +446,7 @@ class EngineCore:
                     continue
                 if len(self.running) == 1:  # alone and the pool is full: it can grow no further
                     tail = s.stream.finish("length")
+                    self._finished(s, "length", time.perf_counter())
                     self._finish(s)
                     self.running.remove(s)
                     events.append(TokenEvent(s.request, s.index, None, tail, finish_reason="length"))
@@ -486,7 +495,12 @@ class EngineCore:
         if r.first_token_at is None:
             r.first_token_at = now
             if self.metrics is not None:
-                self.metrics.first_token(now - r.arrival)
+                self.metrics.first_token(now - r.arrival, len(r.prompt))
+        if s.last_at is None:
+            s.first_at = now
+        elif now > s.last_at and self.metrics is not None:  # once a step (speculation emits several at once)
+            self.metrics.inter_token(now - s.last_at)
+        s.last_at = now
         s.tokens.append(token)
         s.count += 1
         text = s.stream.push(token)
@@ -500,14 +514,26 @@ class EngineCore:
             s.stream.finish_reason = finish
             self.pool.release(s.blocks)
             s.blocks = []
+            self._finished(s, finish, now)
         events.append(TokenEvent(r, s.index, token, text, lp, top, entropy, finish))
         return finish is not None
+
+    def _finished(self, s: Sequence, reason: str, now: float) -> None:
+        if self.metrics is not None:
+            decoding = now - s.first_at if s.first_at is not None else 0.0
+            self.metrics.finished(reason, now - s.request.arrival, len(s.request.prompt), s.count, decoding)
 
     # ------------------------------------------------------------------ adapters and prompt scores
 
     def _select(self, adapters: list[int]) -> None:
         if self.bank is not None:
             self.bank.select(adapters)
+
+    def _cache_key(self, r: Request) -> int:
+        """What the request's prefix-cache keys chain from: its adapter, as the bank names the one loaded
+        now (an index reused by a later load gets a new key, so blocks cached for the old adapter never match)."""
+        cache_key = getattr(self.bank, "cache_key", None)
+        return cache_key(r.adapter) if cache_key is not None and r.adapter else r.adapter
 
     def _score_prompt(self, r: Request, events: list) -> None:
         """The prompt's log-probs through the shared scorer (`echo` with `logprobs`)."""

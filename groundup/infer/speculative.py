@@ -34,8 +34,10 @@ import numpy as np
 import torch
 
 from groundup.config import fail
+from groundup.errors import ConfigError
 from groundup.infer.kv_blocks import layout
 from groundup.infer.sampling import filtered_probs
+from groundup.loading import load_for_inference
 from groundup.model.heads import Logits
 from groundup.model.kv_cache import KVCache
 
@@ -244,9 +246,6 @@ def add_speculative_arguments(p) -> None:
 
 def speculator_from_args(args, tokenizer, device, dtype) -> Speculator | None:
     """The Speculator the flags ask for (its draft model loaded beside the target), or None."""
-    from groundup.errors import ConfigError
-    from groundup.loading import load_for_inference
-
     method, draft_dir = getattr(args, "speculative_method", None), getattr(args, "draft_model", None)
     if method is None:
         if draft_dir:

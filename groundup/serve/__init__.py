@@ -5,6 +5,7 @@ many LoRA adapters in one batch, echo + log-probs for evaluation harnesses, metr
     generation.py   requests -> jobs -> responses           streaming.py  server-sent events
     scheduler.py    the thread that drives the engine core (groundup/infer/core.py): continuous batching, paged KV
     adapters.py     multi-LoRA on one base                  tokens.py     prompts, chats, token strings
+    adapter_updates.py  loading and unloading adapters while serving (vLLM's /v1/load_lora_adapter)
     responses.py    OpenAI's response objects               metrics.py    Prometheus text
     server.py       what one serving process holds          page.py/.html the chat page
     commands.py     the CLI verb

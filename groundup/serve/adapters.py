@@ -4,6 +4,7 @@
     bank.add("sql", "adapters/sql")                # groundup's or peft's layout (interop/peft_format)
     bank.select([0, 1, 1, 0])                      # before a forward: row b uses adapter ids[b] (0 = base)
     logits = model(tokens, cache=...)
+    bank.remove("sql")                             # its index is free for the next load
 
 Every linear layer some adapter targets is wrapped once in a `MultiLoRALinear`, which computes
 
@@ -19,11 +20,23 @@ float rounding (tested to 1e-4). A batch of base-model rows skips the adapters e
 Not served: adapters on routed MoE experts (a weight parametrization, not a layer) and, with MLA,
 on `kv_up` (decoding reads its weight directly, which cannot differ per row); both are refused
 when the adapter is loaded.
+
+At run time (the server's /v1/load_lora_adapter and /v1/unload_lora_adapter, serve/adapter_updates.py)
+loading is split in two: `prepare` reads and checks the files and builds each layer's (A, B) without
+touching the bank, so it can run beside the engine; `install` and `remove` change the bank and must run
+between engine steps (the scheduler runs them there). An unloaded adapter's index is reused by a later
+load, so every load gets a fresh `cache_key`, which the engine chains prefix-cache keys from: blocks
+cached for the index's previous adapter never match again. The stacks are replaced, never written in
+place, so a compiled decode step (whose weights are frozen into its graph) sees new tensors and compiles
+again instead of reading stale ones.
 """
 
 from __future__ import annotations
 
 import copy
+import itertools
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -52,19 +65,24 @@ class MultiLoRALinear(nn.Module):
         self.register_buffer("A", None, persistent=False)  # (n_adapters + 1, R, in)
         self.register_buffer("B", None, persistent=False)  # (n_adapters + 1, out, R), scale folded in
 
-    def set_adapter(self, index: int, a: torch.Tensor, b: torch.Tensor) -> None:
-        """Place adapter `index` (1-based) as A (r, in) and scale * B (out, r), growing the stacks."""
-        device, dtype = a.device, a.dtype
-        count = max(index + 1, 1 if self.A is None else self.A.shape[0])
-        rank = max(a.shape[0], 0 if self.A is None else self.A.shape[1])
-        A = torch.zeros(count, rank, self.in_features, device=device, dtype=dtype)
-        B = torch.zeros(count, self.out_features, rank, device=device, dtype=dtype)
-        if self.A is not None:
-            A[: self.A.shape[0], : self.A.shape[1]] = self.A
-            B[: self.B.shape[0], :, : self.B.shape[2]] = self.B
-        A[index, : a.shape[0]] = a
-        B[index, :, : b.shape[1]] = b
-        self.A, self.B = A, B
+    def set_adapter(self, index: int, a: torch.Tensor | None, b: torch.Tensor | None, count: int) -> None:
+        """Place adapter `index` (1-based) as A (r, in) and scale * B (out, r), or zeros where `a` is None, in
+        new stacks of `count` rows (row 0, the base model, stays zero; rows past `count` are dropped)."""
+        old = self.A
+        ref = a if a is not None else old
+        rank = max(0 if a is None else a.shape[0], 0 if old is None else old.shape[1])
+        A = torch.zeros(count, rank, self.in_features, device=ref.device, dtype=ref.dtype)
+        B = torch.zeros(count, self.out_features, rank, device=ref.device, dtype=ref.dtype)
+        if old is not None:
+            keep = min(count, old.shape[0])
+            A[:keep, : old.shape[1]] = old[:keep]
+            B[:keep, :, : old.shape[1]] = self.B[:keep]
+        if index < count:
+            A[index], B[index] = 0, 0
+            if a is not None:
+                A[index, : a.shape[0]] = a
+                B[index, :, : b.shape[1]] = b
+        self.A, self.B = A, B  # new tensors, never written in place (see the module's docstring)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.base(x)
@@ -91,6 +109,27 @@ def _block_diagonal(m: LoRALinear) -> tuple[torch.Tensor, torch.Tensor]:
     return a, b * m.scale
 
 
+@dataclass(frozen=True)
+class Slot:
+    """One loaded adapter: its served name, its directory, when it was loaded and its prefix-cache key."""
+
+    name: str
+    dir: str
+    created: int
+    cache_key: int
+
+
+@dataclass
+class Prepared:
+    """An adapter read and checked, not yet in the bank: per wrapped layer path, (A, B, in, out)."""
+
+    dir: str
+    layers: dict[str, tuple[torch.Tensor, torch.Tensor, int, int]]
+
+
+_keys = itertools.count(1)  # 0 is the base model's
+
+
 class AdapterBank:
     """The served adapters: name -> index (0 is the base model), and the wrapped layers."""
 
@@ -99,28 +138,57 @@ class AdapterBank:
         first = next(p for p in model.parameters() if p.is_floating_point())
         self.device, self.dtype = first.device, first.dtype  # the adapters are kept as the model computes
         self.rows = RowAdapters()
-        self.names: list[str] = []  # index - 1 -> name
-        self.dirs: list[str] = []
+        self.slots: list[Slot | None] = []  # index - 1 -> the adapter there (None: free for the next load)
         self.layers: dict[str, MultiLoRALinear] = {}
 
     def __len__(self) -> int:
-        return len(self.names)
+        return sum(s is not None for s in self.slots)
+
+    def loaded(self) -> list[tuple[int, Slot]]:
+        """(index, slot) of every loaded adapter, in index order."""
+        return [(i + 1, s) for i, s in enumerate(list(self.slots)) if s is not None]
+
+    @property
+    def names(self) -> list[str]:
+        return [s.name for _, s in self.loaded()]
+
+    @property
+    def dirs(self) -> list[str]:
+        return [s.dir for _, s in self.loaded()]
+
+    def find(self, name: str) -> int | None:
+        return next((i for i, s in self.loaded() if s.name == name), None)
 
     def index(self, name: str) -> int:
-        return self.names.index(name) + 1
+        found = self.find(name)
+        if found is None:
+            raise KeyError(f"no adapter named {name!r}")
+        return found
+
+    def live(self, index: int) -> bool:
+        slots = self.slots
+        return 0 < index <= len(slots) and slots[index - 1] is not None
+
+    def cache_key(self, index: int) -> int:
+        """What prefix-cache keys of rows using `index` chain from: unique per load (0: the base model)."""
+        slot = self.slots[index - 1] if 0 < index <= len(self.slots) else None
+        return 0 if slot is None else slot.cache_key
 
     def add(self, name: str, adapter_dir: str | Path) -> int:
         """Load an adapter (its directory, or a LoRA training run) and make it selectable as `name`;
         returns its index."""
-
-        if name in self.names:
+        if self.find(name) is not None:
             raise CheckpointError(f"adapter name {name!r} is given twice")
+        return self.install(name, self.prepare(adapter_dir))
+
+    def prepare(self, adapter_dir: str | Path) -> Prepared:
+        """Read and check an adapter for this model (safetensors and JSON only); the bank is not changed."""
         adapter_dir = resolve_model_dir(adapter_dir)  # an adapter directory, or a LoRA run's newest checkpoint
         if not is_adapter_dir(adapter_dir):
             raise CheckpointError(f"{adapter_dir}: not a LoRA adapter (no adapter_model.safetensors)")
         # A second module tree over the same weight tensors: load_adapter wraps its layers, not ours.
         skeleton = copy.deepcopy(self.model, memo={id(t): t for t in [*self.model.parameters(), *self.model.buffers()]})
-        for path in self.layers:  # unwrap our own layers there: load_adapter wraps plain linears
+        for path in list(self.layers):  # unwrap our own layers there: load_adapter wraps plain linears
             parent_path, _, leaf = path.rpartition(".")
             parent = skeleton.get_submodule(parent_path) if parent_path else skeleton
             setattr(parent, leaf, getattr(parent, leaf).base)
@@ -135,23 +203,47 @@ class AdapterBank:
         if getattr(self.model.cfg, "attention", "") == "mla" and any(p.endswith("kv_up") for p in wrapped):
             raise CheckpointError(f"{adapter_dir}: an adapter on MLA's kv_up cannot be served per row "
                                   "(decoding reads that weight directly); merge it instead")
-        index = len(self.names) + 1
+        layers = {}
         for path, m in wrapped.items():
-            layer = self.layers.get(path) or self._wrap(path, m)
             a, b = _block_diagonal(m)
-            layer.set_adapter(index, a.to(self.device, self.dtype), b.to(self.device, self.dtype))
-        for layer in self.layers.values():  # layers this adapter leaves alone still need its (zero) slot
-            if layer.A.shape[0] <= index:
-                layer.set_adapter(index, layer.A.new_zeros(1, layer.in_features),
-                                  layer.B.new_zeros(layer.out_features, 1))
-        self.names.append(name)
-        self.dirs.append(str(adapter_dir))
+            layers[path] = (a.to(self.device, self.dtype), b.to(self.device, self.dtype), m.in_features, m.out_features)
+        return Prepared(str(adapter_dir), layers)
+
+    def install(self, name: str, prepared: Prepared) -> int:
+        """Make a prepared adapter selectable as `name` at the first free index; returns the index.
+        While serving, only between engine steps."""
+        if self.find(name) is not None:
+            raise CheckpointError(f"adapter name {name!r} is already loaded")
+        index = next((i + 1 for i, s in enumerate(self.slots) if s is None), len(self.slots) + 1)
+        count = max(index, len(self.slots)) + 1
+        for path, (a, b, n_in, n_out) in prepared.layers.items():
+            layer = self.layers.get(path) or self._wrap(path, n_in, n_out)
+            layer.set_adapter(index, a, b, count)
+        for path, layer in self.layers.items():  # the others get a zero slot (a reused index may hold an old one)
+            if path not in prepared.layers:
+                layer.set_adapter(index, None, None, count)
+        slot = Slot(name, prepared.dir, int(time.time()), next(_keys))
+        if index > len(self.slots):
+            self.slots.append(slot)
+        else:
+            self.slots[index - 1] = slot
         return index
 
-    def _wrap(self, path: str, m: LoRALinear) -> MultiLoRALinear:
+    def remove(self, name: str) -> int:
+        """Unload `name` (no request may be using it); its index is free for the next load. While serving,
+        only between engine steps."""
+        index = self.index(name)
+        self.slots[index - 1] = None
+        while self.slots and self.slots[-1] is None:
+            self.slots.pop()
+        for layer in self.layers.values():
+            layer.set_adapter(index, None, None, len(self.slots) + 1)
+        return index
+
+    def _wrap(self, path: str, in_features: int, out_features: int) -> MultiLoRALinear:
         parent_path, _, leaf = path.rpartition(".")
         parent = self.model.get_submodule(parent_path) if parent_path else self.model
-        layer = MultiLoRALinear(getattr(parent, leaf), self.rows, m.in_features, m.out_features)
+        layer = MultiLoRALinear(getattr(parent, leaf), self.rows, in_features, out_features)
         setattr(parent, leaf, layer)
         self.layers[path] = layer
         return layer

@@ -7,18 +7,22 @@
     POST /v1/completions         prompt(s) -> text; echo + logprobs give the prompt's log-probs
     POST /v1/chat/completions    messages -> the assistant's reply (the tokenizer's chat format)
     POST /tokenize, /detokenize  GET /tokenizer_info   (vLLM's; lm-evaluation-harness uses them)
+    POST /v1/load_lora_adapter, /v1/unload_lora_adapter   (vLLM's; with --allow-adapter-updates:
+                                 adapter_updates.py)
     GET  /metrics                Prometheus text
 
 Every failure is a JSON error object `{"error": {"message", "type", "param", "code"}}` with a 4xx
 or 5xx status, and the server goes on: 400 (bad JSON, fields, limits, context), 401 (with
 `--api-key`: a missing or wrong `Authorization: Bearer KEY` on anything but `/` and `/health`),
-404 (unknown model or path), 405, 413 (a body over the limit), 503 (queue full, shutting down),
+404 (unknown model or path), 405, 409 (unloading an adapter in use), 413 (a body over the limit), 503 (queue
+full, shutting down),
 500 (a bug, logged). `create_app` starts the scheduler with the app's lifespan and stops it after
 uvicorn has let in-flight requests finish (its graceful-shutdown period).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 import time
@@ -28,6 +32,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from groundup.serve.adapter_updates import HOW_TO_ENABLE, LoadLoRAAdapterRequest, UnloadLoRAAdapterRequest
 from groundup.serve.generation import ClientGone, Run, collect, plan_chat, plan_completion
 from groundup.serve.page import HEADERS as PAGE_HEADERS, page_html
 from groundup.serve.protocol import (APIError, ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
@@ -39,7 +44,7 @@ log = logging.getLogger("groundup.serve")
 
 OPEN_PATHS = {"/", "/health", "/favicon.ico"}
 KNOWN_PATHS = {"/", "/health", "/v1/models", "/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize",
-               "/tokenizer_info", "/metrics"}
+               "/tokenizer_info", "/metrics", "/v1/load_lora_adapter", "/v1/unload_lora_adapter"}
 
 
 def error_response(e: APIError) -> JSONResponse:
@@ -158,7 +163,10 @@ def create_app(server: Server) -> FastAPI:
     @app.get("/v1/models/{model_id:path}")
     async def model(model_id: str):
         name, _ = server.adapter_index(model_id)
-        return next(m for m in server.models()["data"] if m["id"] == name)
+        card = next((m for m in server.models()["data"] if m["id"] == name), None)
+        if card is None:  # unloaded meanwhile
+            raise APIError(404, f"The model `{model_id}` does not exist", param="model", code="model_not_found")
+        return card
 
     @app.post("/v1/completions")
     async def completions(request: Request):
@@ -189,13 +197,30 @@ def create_app(server: Server) -> FastAPI:
         ids = server.text.check_ids(req.tokens, "tokens")
         return {"prompt": server.tokenizer.decode(ids)}
 
+    @app.post("/v1/load_lora_adapter")
+    async def load_lora_adapter(request: Request):
+        updates = _updates(request)
+        req = parse(LoadLoRAAdapterRequest, await read_body(request, limit))
+        return PlainTextResponse(await asyncio.to_thread(updates.load, req))
+
+    @app.post("/v1/unload_lora_adapter")
+    async def unload_lora_adapter(request: Request):
+        updates = _updates(request)
+        req = parse(UnloadLoRAAdapterRequest, await read_body(request, limit))
+        return PlainTextResponse(await asyncio.to_thread(updates.unload, req))
+
+    def _updates(request: Request):
+        if server.updates is None:
+            raise APIError(404, f"{request.method} {request.url.path}: {HOW_TO_ENABLE}", code="not_found")
+        return server.updates
+
     @app.get("/tokenizer_info")
     async def tokenizer_info():
         return server.text.info(server.context)
 
     @app.get("/metrics")
     async def metrics():
-        return PlainTextResponse(server.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+        return Response(server.metrics.render(), media_type=server.metrics.content_type)
 
     return app
 

@@ -1,7 +1,12 @@
 """`groundup serve`: an OpenAI-compatible server with continuous batching, LoRA adapters and a chat page.
 
     groundup serve --model out/model [--adapter sql=adapters/sql ...] [--host 127.0.0.1] [--port 8000]
-                   [--api-key KEY] [--max-batch 16] [--max-tokens N]
+                   [--api-key KEY] [--max-batch 16] [--max-tokens N] [--allow-adapter-updates]
+
+With --allow-adapter-updates, clients load and unload adapters while it serves, with vLLM's API:
+POST /v1/load_lora_adapter {"lora_name": NAME, "lora_path": DIR} and POST /v1/unload_lora_adapter
+{"lora_name": NAME} (serve/adapter_updates.py). Off by default: a client could then make the server read
+any directory it can (safetensors and JSON only); pair it with --api-key.
 
 Listens on 127.0.0.1 unless told otherwise. Ctrl-C (SIGINT) or SIGTERM stops accepting connections,
 lets in-flight requests finish for up to --grace seconds, then exits 0; a second Ctrl-C exits at once.
@@ -26,6 +31,10 @@ def serve_arguments(p: argparse.ArgumentParser) -> None:
     add_loading_arguments(p, adapter=False)
     p.add_argument("--adapter", action="append", default=[], metavar="NAME=DIR",
                    help="serve a LoRA adapter (groundup's or peft's layout) as model NAME (repeatable)")
+    p.add_argument("--allow-adapter-updates", action="store_true",
+                   help="let clients load and unload LoRA adapters at run time (POST /v1/load_lora_adapter "
+                        "{lora_name, lora_path}, /v1/unload_lora_adapter {lora_name}: vLLM's API); a client can then "
+                        "make the server read any adapter directory it can reach, so use --api-key too (default: off)")
     p.add_argument("--name", default=None, help="the base model's name in the API (default: the model's directory name)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
     p.add_argument("--port", type=int, default=8000, help="(default: 8000)")
@@ -86,7 +95,7 @@ def build_server(args: argparse.Namespace):
     name = args.name or Path(args.model).resolve().name
     speculator = speculator_from_args(args, tok, model.device, model.dtype)
     return Server(model, tok, name=name, adapters=adapters, limits=limits, api_key=args.api_key or None,
-                  speculator=speculator, compile=args.compile)
+                  speculator=speculator, compile=args.compile, allow_adapter_updates=args.allow_adapter_updates)
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -103,11 +112,16 @@ def serve(args: argparse.Namespace) -> int:
     if args.host not in ("127.0.0.1", "localhost", "::1") and not server.api_key:
         print(f"warning: listening on {args.host} without --api-key: anyone who can reach this port can use the model",
               file=sys.stderr)
+    if server.updates is not None and not server.api_key:
+        print("warning: --allow-adapter-updates without --api-key: anyone who can reach this port can make the "
+              "server load adapters from its disk", file=sys.stderr)
     names = ", ".join(server.model_names())
     where = f"http://{args.host}:{args.port}"
     print(f"serving {names} on {where} (chat page: {where}/, API: {where}/v1; "
           f"batch {server.limits.max_batch}, context {server.context}"
-          f"{', API key required' if server.api_key else ''})", file=sys.stderr, flush=True)
+          f"{', API key required' if server.api_key else ''}"
+          f"{', adapters load and unload at run time' if server.updates is not None else ''})",
+          file=sys.stderr, flush=True)
     graceful_server(config).run()
     print("server stopped", file=sys.stderr, flush=True)
     return 0

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import time
 from dataclasses import dataclass, field
 
 from groundup.errors import ConfigError
@@ -27,7 +26,7 @@ from groundup.infer.structured import Structured
 from groundup.serve import responses as R
 from groundup.serve.protocol import APIError, ChatCompletionRequest, CompletionRequest
 from groundup.serve.responses import ChoiceLog
-from groundup.serve.scheduler import Busy, ErrorEvent, Job, PromptEvent, make_job
+from groundup.serve.scheduler import AdapterGone, Busy, ErrorEvent, Job, PromptEvent, make_job
 from groundup.tokenizer.tool_calls import ToolCallStream, parse_tool_calls
 
 
@@ -197,10 +196,14 @@ class Choice:
         return "".join(self.pieces)
 
 
+_GONE = object()  # queued by Run's watcher: the client went away
+
+
 class Run:
-    """One request's jobs in the scheduler: submitted on entry, cancelled on exit if unfinished.
-    With `request` (non-streaming), the connection is checked about once a second; a stream's
-    disconnect is Starlette's to notice (it cancels the stream)."""
+    """One request's jobs in the scheduler: submitted on entry, cancelled on exit if unfinished, and
+    cancelled the moment the client goes away, so the engine drops them at its next step. With `request`
+    (non-streaming: the body has been read), a watcher awaits the ASGI disconnect message. A stream's
+    disconnect is Starlette's to notice: it then ends the task answering the request (`cancel_with`)."""
 
     def __init__(self, server, plan: Plan, request=None):
         self.server, self.plan, self.request = server, plan, request
@@ -208,7 +211,7 @@ class Run:
         self.choices = [Choice(i, plan.tool_mode != "none") for i in range(plan.choices)]
         self.remaining = plan.choices
         self.prompt_logs: dict[int, PromptEvent] = {}  # base index -> the job's prompt log-probs
-        self.checked = time.monotonic()  # when the client's connection was last checked
+        self.watcher: asyncio.Task | None = None
 
     async def __aenter__(self) -> "Run":
         try:
@@ -217,10 +220,34 @@ class Run:
         except Busy as e:
             self._cancel()
             raise APIError(503, f"the server is busy: {e}; retry later", type="server_error", code="server_busy") from None
+        except AdapterGone:  # unloaded between this request naming it and its jobs reaching the scheduler
+            self._cancel()
+            raise APIError(404, f"The model `{self.plan.model}` does not exist (it was just unloaded)", param="model",
+                           code="model_not_found") from None
+        if self.request is not None:
+            self.watcher = asyncio.ensure_future(self._watch())
         return self
 
     async def __aexit__(self, *exc) -> None:
         self._cancel()
+        if self.watcher is not None:
+            self.watcher.cancel()
+
+    async def _watch(self) -> None:
+        """Non-streaming: the body is read, so the next message is `http.disconnect` once the client goes
+        away (the response is sent after the exit, which stops this)."""
+        try:
+            while (await self.request.receive())["type"] != "http.disconnect":
+                await asyncio.sleep(0.05)  # not the ASGI servers we know: do not spin
+        except Exception:  # noqa: BLE001 - a server whose receive fails: leave the request be
+            return
+        self._cancel()
+        self.queue.put_nowait(_GONE)
+
+    def cancel_with(self, task: asyncio.Task | None) -> None:
+        """Cancel the jobs as soon as `task` (the one answering the request) ends, however it ends."""
+        if task is not None:
+            task.add_done_callback(lambda _: self._cancel())
 
     def _cancel(self) -> None:
         for job in self.plan.jobs:
@@ -235,20 +262,12 @@ class Run:
 
     async def next_events(self) -> list:
         """The events that have arrived (at least one), applied to the choices. With a request,
-        a client that went away raises ClientGone (the exit then frees the rows)."""
-        while True:
-            if self.request is not None and time.monotonic() - self.checked > 1.0:
-                self.checked = time.monotonic()
-                if await self.request.is_disconnected():
-                    raise ClientGone()
-            try:
-                first = await asyncio.wait_for(self.queue.get(), timeout=1.0)
-                break
-            except asyncio.TimeoutError:
-                continue
-        events = [first]
+        a client that went away raises ClientGone (its jobs are cancelled already)."""
+        events = [await self.queue.get()]
         while not self.queue.empty():
             events.append(self.queue.get_nowait())
+        if any(ev is _GONE for ev in events):
+            raise ClientGone()
         for ev in events:
             self._apply(ev)
         return events

@@ -13,6 +13,13 @@ hands that step's events to each job's event loop (`call_soon_threadsafe`), so a
 waits for a long one to end and a new one waits at most one step plus the prefills admitted before it.
 Choice i of a job samples with seed `seed + i`, as row i of `Generator.generate`, so a seeded request
 gets the tokens the engine gives the same prompt alone.
+
+    done = sched.between_steps(fn)  # a concurrent Future: fn() run by this thread between two steps
+
+`between_steps` is how the adapter bank changes while serving (serve/adapter_updates.py): fn runs
+holding the lock `submit` takes, after the submitted jobs have moved into the core, so it sees every
+request (`users`) and no step sees a half-changed bank. A job whose adapter was unloaded after its
+request named it is refused at `submit` (AdapterGone).
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import logging
 import threading
 import time
 from collections import deque
+from concurrent.futures import Future
 
 from groundup.errors import ConfigError
 from groundup.infer.core import EngineCore, ErrorEvent, PromptEvent, Request, TokenEvent
@@ -29,7 +37,7 @@ from groundup.infer.sampling import SamplingConfig
 
 log = logging.getLogger("groundup.serve")
 
-__all__ = ["Busy", "ErrorEvent", "PromptEvent", "Scheduler", "TokenEvent", "make_job"]
+__all__ = ["AdapterGone", "Busy", "ErrorEvent", "PromptEvent", "Scheduler", "TokenEvent", "make_job"]
 
 Job = Request  # what the server submits: one prompt and its n choices
 
@@ -47,6 +55,10 @@ class Busy(Exception):
     """The waiting queue is full."""
 
 
+class AdapterGone(Exception):
+    """The job's adapter was unloaded (after its request named it, before the job was submitted)."""
+
+
 class Scheduler:
     def __init__(self, model, tokenizer, bank=None, max_batch: int = 16, max_prefill_tokens: int = 2048,
                  max_waiting: int = 1024, metrics=None, kv_blocks: int | None = None, block_size: int = 16,
@@ -62,6 +74,7 @@ class Scheduler:
         self.max_waiting = max_waiting
         self.inbox: deque[tuple[Request, asyncio.Queue, asyncio.AbstractEventLoop]] = deque()
         self.routes: dict[int, tuple[asyncio.Queue, asyncio.AbstractEventLoop]] = {}  # request id -> where to
+        self.ops: deque[tuple[object, Future]] = deque()  # between_steps' calls, run in order
         self.cv = threading.Condition()
         self.stopping = False
         self.ready = False  # set once the warm-up step has run
@@ -90,8 +103,32 @@ class Scheduler:
                 raise Busy("the server is shutting down")
             if self.queued >= self.max_waiting:
                 raise Busy(f"{self.queued} requests are waiting already")
+            bank = self.core.bank
+            if job.adapter and (bank is None or not bank.live(job.adapter)):
+                raise AdapterGone()
             self.inbox.append((job, queue, asyncio.get_running_loop()))
             self.cv.notify()
+
+    def between_steps(self, fn) -> Future:
+        """Run `fn()` on the engine thread between two steps, holding the submit lock; its result (or
+        exception) in the returned Future; run at once here before the thread starts, refused (Busy) once stopping."""
+        done: Future = Future()
+        with self.cv:
+            if self.stopping:
+                done.set_exception(Busy("the server is shutting down"))
+            elif self.thread.is_alive():
+                self.ops.append((fn, done))
+                self.cv.notify()
+            else:
+                _settle(done, fn)
+        return done
+
+    def users(self, adapter: int) -> int:
+        """Requests not finished nor cancelled that use `adapter` (submitted, waiting or running). Between
+        steps only: inside a `between_steps` call, or with the thread stopped."""
+        items = [job for job, _, _ in self.inbox] + [_request(w) for w in self.core.waiting]
+        items += [s.request for s in self.core.running]
+        return len({r.id for r in items if r.adapter == adapter and not r.aborted})
 
     def cancel(self, job: Request) -> None:
         if not job.aborted:
@@ -124,8 +161,12 @@ class Scheduler:
         filler = self.core.filler
         warm = Request([filler, filler], SamplingConfig(max_new_tokens=2, temperature=0), stop_ids=frozenset())
         self.core.add(warm)
-        while self.core.has_work():
-            self.core.step()
+        metrics, self.core.metrics = self.core.metrics, None  # not a client's request: not in /metrics
+        try:
+            while self.core.has_work():
+                self.core.step()
+        finally:
+            self.core.metrics = metrics
         self.core.clear_prefix_cache()
 
     def _run(self) -> None:
@@ -138,15 +179,19 @@ class Scheduler:
         self._ready.set()
         while True:
             with self.cv:
-                while not self.stopping and not self.inbox and not self.core.has_work():
+                while not self.stopping and not self.inbox and not self.ops and not self.core.has_work():
                     self.cv.wait()
                 if self.stopping:
                     break
-                arrived = list(self.inbox)
+                for job, queue, loop in self.inbox:
+                    self.routes[job.id] = (queue, loop)
+                    self.core.add(job)
                 self.inbox.clear()
-            for job, queue, loop in arrived:
-                self.routes[job.id] = (queue, loop)
-                self.core.add(job)
+                while self.ops:  # under the lock: no job arrives while one looks at who uses an adapter
+                    fn, done = self.ops.popleft()
+                    _settle(done, fn)
+            if not self.core.has_work():
+                continue
             try:
                 events = self.core.step()
             except Exception as e:  # noqa: BLE001 - fail the requests, keep serving
@@ -160,6 +205,9 @@ class Scheduler:
         with self.cv:
             leftover = [job for job, _, _ in self.inbox]
             self.inbox.clear()
+            for _, done in self.ops:
+                done.set_exception(Busy("the server is shutting down"))
+            self.ops.clear()
         leftover += [s.request for s in self.core.running]
         leftover += [w if isinstance(w, Request) else w.request for w in self.core.waiting]
         self.core.abort_all()
@@ -186,6 +234,17 @@ class Scheduler:
         core = self.core
         return any(s.request.id == request_id for s in core.running) or any(
             (w.id if isinstance(w, Request) else w.request.id) == request_id for w in core.waiting)
+
+
+def _request(item) -> Request:
+    return item if isinstance(item, Request) else item.request
+
+
+def _settle(done: Future, fn) -> None:
+    try:
+        done.set_result(fn())
+    except BaseException as e:  # noqa: BLE001 - the caller's to handle; this thread goes on
+        done.set_exception(e)
 
 
 def _put(items: list[tuple[asyncio.Queue, object]]) -> None:

@@ -4,7 +4,8 @@
     app = create_app(server)        # groundup.serve.app; the app starts and stops the scheduler
 
 The base model is served as `name`, each adapter as its own name (the request's `model` field picks
-one); the base weights exist once (serve/adapters.py).
+one); the base weights exist once (serve/adapters.py). With `allow_adapter_updates`, clients load and
+unload adapters while it serves (serve/adapter_updates.py: `updates`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 
 from groundup.config import did_you_mean
 from groundup.errors import ConfigError
+from groundup.serve.adapter_updates import AdapterUpdates
 from groundup.serve.adapters import AdapterBank
 from groundup.serve.metrics import Metrics
 from groundup.serve.protocol import APIError
@@ -46,7 +48,7 @@ class Limits:
 class Server:
     def __init__(self, model, tokenizer, name: str = "groundup", adapters: dict[str, str | Path] | None = None,
                  limits: Limits | None = None, api_key: str | None = None, speculator=None,
-                 compile: bool = False):
+                 compile: bool = False, allow_adapter_updates: bool = False):
         self.model, self.tokenizer, self.name = model.eval(), tokenizer, name
         self.limits = limits or Limits()
         self.limits.validate()
@@ -61,8 +63,8 @@ class Server:
                 raise ConfigError(f"adapter name {adapter_name!r} is the base model's name; pick another",
                                   key="adapter")
             self.bank.add(adapter_name, adapter_dir)
-        self.metrics = Metrics()
-        self.scheduler = Scheduler(model, tokenizer, self.bank if len(self.bank) else None,
+        self.metrics = Metrics(model_name=name, max_model_len=self.context)
+        self.scheduler = Scheduler(model, tokenizer, self.bank,
                                    max_batch=self.limits.max_batch, max_prefill_tokens=self.limits.max_prefill_tokens,
                                    max_waiting=self.limits.max_waiting, metrics=self.metrics,
                                    kv_blocks=self.limits.kv_blocks, speculator=speculator,
@@ -70,6 +72,7 @@ class Server:
         self.metrics.scheduler = self.scheduler
         self.created = int(time.time())
         self.started = False
+        self.updates = AdapterUpdates(self) if allow_adapter_updates else None
 
     def start(self) -> None:
         if not self.started:
@@ -83,8 +86,9 @@ class Server:
         """(served name, adapter index) for a request's `model` (absent: the base model)."""
         if model is None or model == self.name:
             return self.name, 0
-        if model in self.bank.names:
-            return model, self.bank.index(model)
+        index = self.bank.find(model)
+        if index is not None:
+            return model, index
 
         raise APIError(404, f"The model `{model}` does not exist{did_you_mean(model, self.model_names())}; "
                             f"served: {', '.join(self.model_names())}", param="model", code="model_not_found")
@@ -95,7 +99,7 @@ class Server:
     def models(self) -> dict:
         data = [{"id": self.name, "object": "model", "created": self.created, "owned_by": "groundup",
                  "root": self.name, "parent": None, "max_model_len": self.context}]
-        for adapter_name, adapter_dir in zip(self.bank.names, self.bank.dirs):
-            data.append({"id": adapter_name, "object": "model", "created": self.created, "owned_by": "groundup",
-                         "root": adapter_dir, "parent": self.name, "max_model_len": self.context})
+        for _, slot in self.bank.loaded():
+            data.append({"id": slot.name, "object": "model", "created": slot.created, "owned_by": "groundup",
+                         "root": slot.dir, "parent": self.name, "max_model_len": self.context})
         return {"object": "list", "data": data}

@@ -15,11 +15,13 @@ has `"usage": null` and a last chunk with empty `choices` carries the usage; wit
 Text is what `TextStream` released: a stop string split across tokens is never sent, nor half of a
 UTF-8 character. A token whose text is held back sends its log-prob with the next piece of text.
 Events that arrive together (one decode step) leave as one write. When the client goes away the
-stream is cancelled, and with it the request's rows in the batch (Run's exit).
+request's rows leave the batch at the engine's next step, whether the stream was waiting for the engine
+or for the socket (`stream`, Run.cancel_with).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import AsyncIterator
 
@@ -33,8 +35,16 @@ def sse(obj) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
 
-async def stream(run: Run) -> AsyncIterator[str]:
-    """The request's SSE body; `run` has been entered (its jobs submitted) and is exited here."""
+def stream(run: Run) -> AsyncIterator[str]:
+    """The request's SSE body; `run` has been entered (its jobs submitted) and is exited when the body
+    ends, or as soon as the task answering the request (the caller's) ends, however it ends: when the client
+    goes away Starlette cancels the stream's writer, maybe before the body started or while it waits to
+    write, and the body's own `finally` would then wait for the garbage collector."""
+    run.cancel_with(asyncio.current_task())
+    return _events(run)
+
+
+async def _events(run: Run) -> AsyncIterator[str]:
     plan, tt = run.plan, run.server.text
     rid, created = R.new_id("chatcmpl" if plan.chat else "cmpl"), R.now()
     with_usage = plan.include_usage or plan.continuous_usage
