@@ -7,24 +7,18 @@ and 64, the quantized kernels and the int8 / int4 engine decode.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from gpu_check_helpers import quick_part
+
 
 
 @pytest.fixture(scope="module")
 def record(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("gpu-decode")
-    script = REPO / "benchmarks" / "gpu" / "decode.py"
-    done = subprocess.run([sys.executable, str(script), "--quick", "--out", str(out)], cwd=REPO, capture_output=True,
-                          text=True, timeout=240)
-    assert done.returncode == 0, done.stderr[-3000:]
-    record = json.loads((out / "decode.json").read_text())
-    assert json.loads(done.stdout.strip().splitlines()[-1]) == record  # the final write is printed, once
+    record, stdout = quick_part("decode", out)
+    assert json.loads(stdout.strip().splitlines()[-1]) == record  # the final write is printed, once
     assert not list(out.glob(".*.tmp"))
     return record
 

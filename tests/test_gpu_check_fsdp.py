@@ -3,21 +3,11 @@ under torchrun with one process on the CPU (gloo), an asynchronous sharded save 
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
-REPO = Path(__file__).resolve().parents[1]
+from gpu_check_helpers import quick_part
 
 
 def test_quick_fsdp_part_resumes_bit_exact_and_reports_the_blocked_time(tmp_path):
-    run = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu" / "fsdp.py"), "--quick", "--out",
-                          str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=240)
-    assert run.returncode == 0, run.stderr[-3000:]
-    record = json.loads((tmp_path / "fsdp.json").read_text())
-    assert record["part"] == "fsdp" and record["quick"] is True and record["device"] == "cpu"
-    assert not any(n.startswith("failed") for n in record["notes"]), record["notes"]
+    record, _ = quick_part("fsdp", tmp_path)
     r = record["results"]
     # FSDP2 on a one-process mesh (not the plain single-process path), saving asynchronously.
     assert (r["strategy"], r["world_size"], r["processes"], r["checkpoint_async"]) == ("fsdp", 1, 1, True)

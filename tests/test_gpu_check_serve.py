@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import importlib.util
-import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from gpu_check_helpers import quick_part
+
 
 pytestmark = pytest.mark.skipif(
     any(importlib.util.find_spec(m) is None for m in ("fastapi", "uvicorn", "httpx")),
@@ -18,13 +15,8 @@ pytestmark = pytest.mark.skipif(
 
 
 def test_quick_serve_part_writes_its_result(tmp_path):
-    run = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu" / "serve.py"), "--quick", "--out",
-                          str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert run.returncode == 0, run.stderr[-3000:]
-    record = json.loads((tmp_path / "serve.json").read_text())
-    assert record["part"] == "serve" and record["quick"] is True and record["device"] == "cpu"
+    record, _ = quick_part("serve", tmp_path, timeout=120)
     results = record["results"]
-    assert not any(n.startswith("failed") for n in record["notes"]), record["notes"]
     assert set(results["levels"]) == {"1", "4", "8"}
     output_tokens = results["requests"]["output_tokens"]
     for concurrency, level in results["levels"].items():
