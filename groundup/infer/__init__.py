@@ -4,6 +4,7 @@
     gen = Generator.from_checkpoint("out/model")          # or a training run directory
     print(gen.generate(["To be, or not"], max_new_tokens=32, temperature=0)[0])
 
+    requests.py        Request, TokenEvent, ErrorEvent, PromptEvent (in and out of the core) and Sequence (one choice)
     core.py            EngineCore: requests join and leave one running batch (admit, prefill, decode, sample,
                        preempt); the server drives it from its thread, Generator synchronously
     kv_blocks.py       the paged KV cache: BlockPool (blocks, reference counts, the prefix cache), KVPages, PagedView
