@@ -54,12 +54,18 @@ class _RopeFunction(torch.autograd.Function):
         return _rotate(grad, cos, sin, -1.0), None, None
 
 
+def _broadcasts_to(shape: torch.Size, target: torch.Size) -> bool:
+    """True when `shape` broadcasts to `target` without growing it (torch.broadcast_shapes costs ~70 µs a
+    call, 7% of a small model's decode step)."""
+    return len(shape) <= len(target) and all(s in (1, t) for s, t in zip(reversed(shape), reversed(target)))
+
+
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate x (B, H, T, D) by cos/sin of shape (T, D) or (B, 1, T, D)."""
     # Under torch.compile the plain formula below is what inductor fuses; dynamo cannot trace
     # `out=` into slices (it would break the graph at every layer).
     if (x.dtype == cos.dtype == sin.dtype and not (cos.requires_grad or sin.requires_grad)
-            and torch.broadcast_shapes(x.shape, cos.shape, sin.shape) == x.shape
+            and _broadcasts_to(cos.shape, x.shape) and _broadcasts_to(sin.shape, x.shape)
             and not torch.compiler.is_compiling()):
         return _RopeFunction.apply(x, cos, sin) if x.requires_grad else _rotate(x, cos, sin, 1.0)
     half = x.shape[-1] // 2
