@@ -19,7 +19,12 @@ from groundup.sandbox.runner import SandboxResult, check_completion, isolation_l
 
 ROOT = os.geteuid() == 0
 LAYERS = isolation_layers()
-SANDBOX_UID = 65534 if "uid-drop" in LAYERS else os.getuid()
+PID_NAMESPACE = "pid-namespace" in LAYERS
+SANDBOX_UID = 65534 if "uid-drop" in LAYERS else os.getuid()  # without uid-per-program
+
+
+def _sandbox_uid(uid: int) -> bool:
+    return uid >= 2_000_000_000 if "uid-per-program" in LAYERS else uid == SANDBOX_UID
 
 
 def _interpreter() -> str:
@@ -62,11 +67,36 @@ def _group_members(pgid: int) -> list[int]:
         try:
             with open(f"/proc/{name}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
-            if int(fields[2]) == pgid and fields[0] not in "ZX" and os.stat(f"/proc/{name}").st_uid == SANDBOX_UID:
+            if int(fields[2]) == pgid and fields[0] not in "ZX" and _sandbox_uid(os.stat(f"/proc/{name}").st_uid):
                 found.append(int(name))
         except (OSError, IndexError, ValueError):
             pass
     return found
+
+
+def _namespace_empty(ns: str, wait: float = 3.0) -> bool:
+    """No live process left in the PID namespace `ns` (as /proc/self/ns/pid names it inside)."""
+    end = time.monotonic() + wait
+    while True:
+        left = []
+        for name in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    if os.readlink(f"/proc/{name}/ns/pid") == ns and f.read().rsplit(")", 1)[1].split()[0] not in "ZX":
+                        left.append(name)
+            except (OSError, IndexError):
+                pass
+        if not left or time.monotonic() > end:
+            return not left
+        time.sleep(0.05)
+
+
+# Printed by a program to name what the test checks afterwards: its PID namespace, or the pids.
+WHERE = "print(os.readlink('/proc/self/ns/pid'), flush=True)\n"
+
+
+def _all_gone(ns: str, *pids: str) -> bool:
+    return _namespace_empty(ns) if PID_NAMESPACE else all(_gone(int(pid)) for pid in pids)
 
 
 def test_passing_program():
@@ -108,7 +138,11 @@ def test_environment_limits_and_user(monkeypatch):
     env, limits, ids, path, flags = r.stdout.splitlines()
     assert env == str(["HOME", "LANG", "PATH", "PYTHONDONTWRITEBYTECODE", "PYTHONHASHSEED", "TMPDIR"])
     assert limits == str([300 << 20, 3 << 20, 0, 7])
-    assert ids == (f"{SANDBOX_UID} 65534 True True" if ROOT else f"{os.getuid()} {os.getgid()} True True")
+    uid, gid, rest = ids.split(maxsplit=2)
+    if "uid-per-program" in LAYERS:  # a uid (and group) of its own, from the reserved range
+        assert 2_000_000_000 <= int(uid) < 2_100_000_000 and gid == uid and rest == "True True"
+    else:
+        assert ids == (f"{SANDBOX_UID} 65534 True True" if ROOT else f"{os.getuid()} {os.getgid()} True True")
     assert (path, flags) == ("False True", "True 1 True")
 
 
@@ -119,7 +153,7 @@ def test_process_limit_is_set_relative_to_the_users_processes():
 
 
 def test_infinite_loop_times_out_and_its_whole_group_dies():
-    program = ("import os, subprocess, time\n"
+    program = ("import os, subprocess, time\n" + WHERE +
                "child = subprocess.Popen(['sleep', '60'])\n"
                "pid = os.fork()\n"
                "if pid == 0:\n"
@@ -131,14 +165,14 @@ def test_infinite_loop_times_out_and_its_whole_group_dies():
     r = run(program, timeout=2.0)
     assert r.status == "timeout" and r.returncode == -signal.SIGKILL and "timeout" in r.detail
     assert 2.0 <= r.seconds < 6.0
-    sleeper, forked, home = r.stdout.split()
-    assert _gone(int(sleeper)) and _gone(int(forked))
+    ns, sleeper, forked, home = r.stdout.split()
+    assert _all_gone(ns, sleeper, forked)
     assert not os.path.exists(home)
 
 
 @pytest.mark.skipif("network-namespace" not in LAYERS, reason="no network namespace: setsid() escapees are not swept")
 def test_children_that_leave_the_group_are_killed_too():
-    program = ("import os, time\n"
+    program = ("import os, time\n" + WHERE +
                "pid = os.fork()\n"
                "if pid == 0:\n"
                "    os.setsid()\n"
@@ -146,22 +180,23 @@ def test_children_that_leave_the_group_are_killed_too():
                "    os._exit(0)\n"
                "print(pid)\n")
     r = run(program)
-    assert r.passed and _gone(int(r.stdout))
+    ns, pid = r.stdout.split()
+    assert r.passed and _all_gone(ns, pid)
 
 
 def test_fork_bomb_is_contained():
-    program = "import os\nprint(os.getpgid(0), flush=True)\nwhile True:\n    os.fork()\n"
+    program = "import os\n" + WHERE + "print(os.getpgid(0), flush=True)\nwhile True:\n    os.fork()\n"
     pgid = None
     try:
         r = run(program, timeout=5.0, max_processes=8)
-        pgid = int(r.stdout.split()[0])
+        ns, pgid = r.stdout.split()[0], int(r.stdout.split()[1])  # in a PID namespace, pgid is 0 (outside it)
         assert r.status in ("failed", "killed") and r.seconds < 5.0, r
         assert "BlockingIOError" in r.stderr or r.status == "killed"
     finally:  # never leave a bomb behind, whatever failed above
         for _ in range(5):
             for pid in _group_members(pgid) if pgid else []:
                 os.kill(pid, signal.SIGKILL)
-    assert _group_members(pgid) == []
+    assert _group_members(pgid) == [] and (not PID_NAMESPACE or _namespace_empty(ns))
     assert subprocess.run(["true"]).returncode == 0  # the host still has process slots
 
 
@@ -190,7 +225,9 @@ def test_home_removal_and_root_files_survive(tmp_path):
     assert os.path.basename(home).startswith("groundup-sandbox-") and not os.path.exists(home)
     if not ROOT:
         pytest.skip("not root: the sandbox runs as this user, so it can delete this user's files")
-    assert outcome == "PermissionError" and canary.read_text() == "still here"
+    # With a private /tmp, the canary (under this /tmp) is not even there to try.
+    assert outcome == ("FileNotFoundError" if "private-tmp" in LAYERS else "PermissionError")
+    assert canary.read_text() == "still here"
 
 
 def test_file_size_limit():
