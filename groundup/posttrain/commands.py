@@ -135,7 +135,10 @@ def _reward_overrides(section: str, rewards: list[str] | None) -> list[str]:
 
 def rft_arguments(p: argparse.ArgumentParser) -> None:
     _prompt_arguments(p, "as grpo's --reward")
-    p.add_argument("--out", required=True, type=Path, help="directory of the rounds (a rerun continues it)")
+    p.add_argument("--out", required=True, type=Path, help="directory of the rounds (a rerun with the same settings "
+                   "continues it)")
+    p.add_argument("--overwrite", action="store_true", help="discard the rounds in --out made with other settings "
+                   "and start again")
     add_progress_argument(p)
     add_config_arguments(p, f"{CONFIGS}:RFTConfig", "rft.rounds=2 rft.samples=8")
 
@@ -147,7 +150,7 @@ def rft(args: argparse.Namespace) -> int:
     args.resume, args.data, args.eval_data = None, args.prompts, args.eval_prompts  # rft reuses finished rounds
     args.overrides = _reward_overrides("rft", args.reward) + list(args.overrides)
     cfg = _stage_config(RFTConfig, "rft", args, data_key="prompts", eval_key="eval_prompts")
-    run(cfg, args.out)
+    run(cfg, args.out, overwrite=args.overwrite)
     return 0
 
 

@@ -11,6 +11,7 @@ context. Defaults are those of fine-tuning, not pretraining: a short warmup, a s
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
@@ -180,8 +181,16 @@ class RMSection(PreferenceDataConfig):
 
 @dataclass
 class KTOSection(PreferenceDataConfig):
-    desirable_weight: float = 1.0  # λ_D: weight of desirable examples' losses
-    undesirable_weight: float = 1.0  # λ_U: weight of undesirable examples'
+    desirable_weight: float = 1.0  # λ_D: weight of desirable examples' losses (> 0)
+    undesirable_weight: float = 1.0  # λ_U: weight of undesirable examples' (> 0)
+
+    def validate(self) -> None:
+        super().validate()
+        for key in ("desirable_weight", "undesirable_weight"):  # a negative weight turns learning into unlearning
+            value = getattr(self, key)
+            if not (math.isfinite(value) and value > 0):
+                fail(key, value, "a positive weight (KTO's λ_D and λ_U; the paper keeps λ_D n_D / λ_U n_U in "
+                                 "[1, 4/3])")
 
 
 def _preference_schedule() -> ScheduleConfig:
@@ -224,6 +233,9 @@ class GRPOSection:
     scale_rewards: bool = True  # divide advantages by the group's standard deviation; false = Dr. GRPO
     loss_aggregation: Literal["sequence", "token", "dr_grpo"] = "sequence"  # GRPO; DAPO's per token; Dr. GRPO's
     max_resample: int = 8  # batches drawn again when every group's rewards are all equal (nothing to learn)
+    # steps after which a run stops with an error when a reward failed on every call in each of them, or
+    # when no step since the start had a group whose rewards differed (nothing to learn); 0 = never stop
+    reward_patience: int = 5
     # completions cut off at max_new_tokens score and count in their group's advantages but get no gradient
     # (TRL's mask_truncated_completions, DAPO's overlong filtering): what a reply says after its answer while
     # never ending its turn is not reinforced
@@ -239,8 +251,14 @@ class GRPOSection:
             fail("group_size", self.group_size, "at least 2 (advantages compare completions of one prompt)")
         if not 0 < self.epsilon < 1 or not 0 <= self.epsilon_high < 10:
             fail("epsilon", self.epsilon, "a number in (0, 1) (and epsilon_high in [0, 10))")
-        if self.beta < 0 or self.temperature < 0 or not 0 < self.top_p <= 1:
-            fail("beta", self.beta, "beta >= 0, temperature >= 0, top_p in (0, 1]")
+        if not self.beta >= 0:
+            fail("beta", self.beta, "a weight >= 0 (0 = no KL term)")
+        if not self.temperature >= 0:
+            fail("temperature", self.temperature, "a temperature >= 0 (0 = greedy)")
+        if not 0 < self.top_p <= 1:
+            fail("top_p", self.top_p, "a probability in (0, 1] (1 = off)")
+        if self.reward_patience < 0:
+            fail("reward_patience", self.reward_patience, "an integer >= 0 (0 = never stop)")
 
 
 def _rl_schedule() -> ScheduleConfig:
@@ -290,11 +308,19 @@ class RFTSection:
     temperature: float = 1.0  # sampling temperature; 0 = greedy
     eval_count: int = 64  # held-out prompts answered greedily before and after each round
     seed: int = 0  # of the sampling; round n samples with seed + n
+    # sampling batches (32 completions) after which a round stops with an error when a reward failed on
+    # every call in each of them, or when every prompt's samples scored alike in each since the round
+    # began; 0 = never stop
+    reward_patience: int = 20
 
     def validate(self) -> None:
         for key in ("samples", "rounds", "max_new_tokens"):
             if getattr(self, key) < 1:
                 fail(key, getattr(self, key), "a positive integer")
+        if self.reward_patience < 0:
+            fail("reward_patience", self.reward_patience, "an integer >= 0 (0 = never stop)")
+        if self.temperature < 0:
+            fail("temperature", self.temperature, "a temperature >= 0 (0 = greedy)")
 
 
 @dataclass

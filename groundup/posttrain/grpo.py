@@ -24,13 +24,14 @@ from pathlib import Path
 
 import torch
 
-from groundup.errors import DataError
+from groundup.errors import ConfigError, DataError
 from groundup.infer import Generator
 from groundup.io import atomic_write_json
 from groundup.layout import DATA_REPORT_FILE
 from groundup.model.logprobs import logprobs
 from groundup.posttrain.config import GRPOConfig
-from groundup.posttrain.rollout import RolloutBatch, RolloutLoader, policy_temperature, read_prompts
+from groundup.posttrain.rollout import (RolloutBatch, RolloutLoader, no_usable_eval_prompts, policy_temperature,
+                                         read_prompts)
 from groundup.rewards.functions import load_rewards, score
 from groundup.train.distributed import unwrap
 from groundup.train.objective import ObjectiveOutput
@@ -132,10 +133,16 @@ def grpo(cfg: GRPOConfig, out_dir: str | Path, resume: bool = False) -> dict:
         if not g.prompts:
             raise DataError("no GRPO prompts: pass --prompts FILE... (JSONL/Parquet: prompt or messages, + answer)")
         context = run.model.cfg.max_seq_len - g.max_new_tokens
+        if context < 1:
+            raise ConfigError(f"grpo.max_new_tokens = {g.max_new_tokens}: at or over the model's context "
+                              f"({run.model.cfg.max_seq_len} tokens); leave room for the prompt",
+                              key="grpo.max_new_tokens")
         train, held, bad = read_prompts(g.prompts, tok, context)
         if g.eval_prompts:
             unmarked, marked, bad2 = read_prompts(g.eval_prompts, tok, context)
             held, bad = unmarked + marked, bad + bad2  # every prompt of an eval file is held out, marked or not
+            if not held:
+                raise no_usable_eval_prompts(g.eval_prompts, bad2)
         if bad:
             note(f"skipped {len(bad):,} prompt records: " + "; ".join(bad[:3]))
         if not cfg.train.max_steps:
@@ -147,7 +154,7 @@ def grpo(cfg: GRPOConfig, out_dir: str | Path, resume: bool = False) -> dict:
         if g.beta and not cfg.lora.enabled:
             reference = copy.deepcopy(run.model).eval().requires_grad_(False).to(d.device)
         loader = RolloutLoader(train, g, rewards, tok, seed=g.seed, rank=d.rank, world_size=d.world_size,
-                               accum=cfg.train.grad_accum)
+                               accum=cfg.train.grad_accum, reduce=d.sum)
         note(f"{len(train):,} prompts ({len(held):,} held out), {g.group_size} completions each, "
              f"{g.prompts_per_batch} prompts per micro-batch, {cfg.train.max_steps:,} steps")
         if d.is_main and not resume:
@@ -159,4 +166,6 @@ def grpo(cfg: GRPOConfig, out_dir: str | Path, resume: bool = False) -> dict:
         summary["reward_errors"] = len(loader.errors)
         if loader.errors:
             note(f"{len(loader.errors):,} reward calls failed and scored 0: " + "; ".join(loader.errors[:3]))
+        if loader.health.flat > 0:  # a run shorter than grpo.reward_patience steps, that never had anything to learn
+            note(f"nothing was learned: every prompt's completions scored alike in all {loader.health.flat} steps")
         return summary

@@ -7,29 +7,40 @@
     OUT/round_01/samples.jsonl   the kept completions (chat records, with their reward)
     OUT/round_01/run/            the round's SFT run (resumable like any run)
     OUT/rounds.json              per round: mean reward of the samples, kept, held-out greedy reward
+    OUT/rft.json                 the settings the rounds were made with (base, prompts, rewards, sampling)
 
 A rerun skips finished rounds and resumes an interrupted one: its SFT run from its last checkpoint,
 its sampling from the last chunk of prompts saved (`samples.jsonl.partial`, posttrain/sampling_job.py).
+It may add rounds (rft.rounds); a rerun with another base, other prompts, rewards or sampling settings
+is refused, naming the key, unless `overwrite` (--overwrite) discards the rounds made before.
+A sample whose reward failed is never kept; a round that keeps nothing fine-tunes on nothing and says
+why, and one whose rewards never work stops (rft.reward_patience, rewards/health.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
+import shutil
 from pathlib import Path
 
-from groundup.errors import DataError
+from groundup.errors import ConfigError, DataError
 from groundup.infer import Generator
-from groundup.io import atomic_write_json, ensure_writable_dir, read_json
-from groundup.layout import SUMMARY_FILE, is_run_dir
+from groundup.io import atomic_write_json, read_json
+from groundup.layout import SUMMARY_FILE, claim_output_dir, is_run_dir
 from groundup.loading import load_for_inference
 from groundup.posttrain.config import RFTConfig
-from groundup.posttrain.rollout import read_prompts
-from groundup.posttrain.sampled_data import best_completions
+from groundup.posttrain.rollout import no_usable_eval_prompts, read_prompts
+from groundup.posttrain.sampled_data import best_completions, nothing_written
 from groundup.posttrain.sampling_job import SamplingJob, input_settings
 from groundup.posttrain.sft import sft
 from groundup.rewards.functions import load_rewards, score
+from groundup.rewards.health import RewardHealth
 
 ROUNDS_FILE = "rounds.json"
+SETTINGS_FILE = "rft.json"
+SETTINGS_VERSION = 1
+_ROUND_DIR = re.compile(r"round_\d{2,}")
 SAMPLE_ROWS = 32  # completions sampled together
 SAMPLE_CHUNK = 256  # prompts sampled between saves of a round's work
 
@@ -42,6 +53,53 @@ def _heldout_reward(model, tok, prompts, rewards, max_new: int) -> float | None:
     return sum(score(rewards, p.text, o.text, p.fields, p.messages)[0] for p, o in zip(prompts, outs)) / len(prompts)
 
 
+def rft_settings(cfg: RFTConfig) -> dict:
+    """What the rounds made so far depend on, by config key (rft.rounds may grow; the device, logging and
+    evaluation may change)."""
+    r = cfg.rft
+    inputs = input_settings(cfg.base, r.prompts, r.rewards, r.reward_weights)
+    return {"base": inputs["model"], "rft.prompts": inputs["prompts"], "rft.rewards": list(r.rewards),
+            "rft.reward_weights": list(r.reward_weights), "rft.samples": r.samples, "rft.threshold": r.threshold,
+            "rft.max_new_tokens": r.max_new_tokens, "rft.temperature": r.temperature, "rft.seed": r.seed}
+
+
+def _shown(value):
+    """A setting as a message shows it: an input by its path(s), not its size and time."""
+    if isinstance(value, dict) and "path" in value:
+        return value["path"]
+    if isinstance(value, list) and value and all(isinstance(v, dict) and "path" in v for v in value):
+        return [v["path"] for v in value]
+    return value
+
+
+def _check_settings(out: Path, settings: dict, overwrite: bool) -> None:
+    """Refuse rounds made with other settings (naming each key that differs) unless `overwrite`, which
+    removes them; then record `settings` with the rounds."""
+    saved = out / SETTINGS_FILE
+    made = [p for p in out.iterdir() if _ROUND_DIR.fullmatch(p.name) and p.is_dir()] + \
+        [p for p in (out / ROUNDS_FILE,) if p.exists()]
+    if overwrite:
+        for p in made:
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
+    elif saved.is_file():
+        before = read_json(saved, dict)
+        old = before.get("settings") if before.get("version") == SETTINGS_VERSION else None
+        if not isinstance(old, dict):
+            raise DataError(f"{saved}: not an rft settings file of this version of groundup; pass --overwrite to "
+                            "start the rounds again")
+        changed = [k for k in settings if old.get(k) != settings[k]]
+        if changed:
+            diffs = "; ".join(f"{k}: {_shown(old.get(k))!r} -> {_shown(settings[k])!r}"
+                              + (" (changed since)" if _shown(old.get(k)) == _shown(settings[k]) else "")
+                              for k in changed)
+            raise DataError(f"{out}: made with other settings ({diffs}); use the same ones, another --out, or "
+                            "--overwrite to discard its rounds and start again")
+    elif made:
+        raise DataError(f"{out}: holds rounds without {SETTINGS_FILE} (made by an older groundup), so their settings "
+                        "cannot be checked; pass --overwrite to start the rounds again, or choose another --out")
+    atomic_write_json(saved, {"version": SETTINGS_VERSION, "settings": settings})
+
+
 def _sample_round(cfg: RFTConfig, n: int, current: str, gen, prompts, rewards, samples: Path, bad: list) -> None:
     """Round n's kept completions into `samples` (and its statistics into sampling.json beside it), a chunk
     of prompts at a time: an interrupted round continues where it stopped (posttrain/sampling_job.py)."""
@@ -50,31 +108,50 @@ def _sample_round(cfg: RFTConfig, n: int, current: str, gen, prompts, rewards, s
                 "threshold": r.threshold, "max_new_tokens": r.max_new_tokens, "temperature": r.temperature,
                 "seed": r.seed + n}
 
+    health = RewardHealth([x.name for x in rewards], r.reward_patience, "batches", "rft.reward_patience = 0")
+
     def build(part, seed):
         errors: list[str] = []
-        kept, stats = best_completions(gen, part, rewards, r.samples, r.threshold, errors, batch_rows=SAMPLE_ROWS,
-                                       max_new_tokens=r.max_new_tokens, temperature=r.temperature, seed=seed)
+        kept, stats = best_completions(gen, part, rewards, r.samples, r.threshold, errors, health=health,
+                                       batch_rows=SAMPLE_ROWS, max_new_tokens=r.max_new_tokens,
+                                       temperature=r.temperature, seed=seed)
         return kept, stats, errors
 
-    job = SamplingJob(samples, settings, resume=None, restart_hint=f"remove {samples.parent} to sample round {n} again")
+    if r.threshold is None:
+        rule, otherwise = "no threshold: the best of a prompt, if it beats another or scores above 0", \
+            "each prompt's samples scored alike, at or below 0"
+    else:
+        rule, otherwise = f"threshold {r.threshold}", f"none scored at least {r.threshold}; lower it or sample more"
+
+    def nothing(state):
+        return f"round {n}: no sample kept ({rule}): " + nothing_written(state["counts"], state["failure_examples"],
+                                                                        otherwise)
+
+    job = SamplingJob(samples, settings, resume=None, restart_hint=f"remove {samples.parent} to sample round {n} again",
+                      verb="rft")
     with job.locked():
-        state = job.run(prompts, build, r.samples, SAMPLE_CHUNK, SAMPLE_ROWS, r.seed + n, progress=cfg.log.progress)
+        if job.state["counts"].get("varied"):
+            health.varied_before()
+        try:
+            state = job.run(prompts, build, r.samples, SAMPLE_CHUNK, SAMPLE_ROWS, r.seed + n,
+                            progress=cfg.log.progress, nothing=nothing)
+        finally:
+            job.print_failures()
     counts = state["counts"]
-    if not counts.get("kept"):
-        samples.unlink()
-        raise DataError(f"round {n}: no sample kept (threshold {r.threshold}); lower it or sample more")
     atomic_write_json(samples.parent / "sampling.json",
                       {"samples": counts["samples"], "mean_reward": counts["reward_sum"] / max(1, counts["samples"]),
                        "kept": counts["kept"], "reward_errors": state["reward_failures"], "skipped_prompts": bad[:20]})
 
 
-def rft(cfg: RFTConfig, out_dir: str | Path) -> list[dict]:
-    """Run `cfg.rft.rounds` rounds into `out_dir` (finished rounds are reused); returns their records."""
-    out = ensure_writable_dir(out_dir)
+def rft(cfg: RFTConfig, out_dir: str | Path, overwrite: bool = False) -> list[dict]:
+    """Run `cfg.rft.rounds` rounds into `out_dir` (finished rounds made with the same settings are reused;
+    `overwrite`: discarded); returns their records."""
+    out = claim_output_dir(out_dir, "rft", mark=True)  # never into another verb's folder (an SFT run)
     r = cfg.rft
     rewards = load_rewards(r.rewards, r.reward_weights)
     if not r.prompts:
         raise DataError("no prompts: pass --prompts FILE... (prompt or messages records, + the fields rewards read)")
+    _check_settings(out, rft_settings(cfg), overwrite)
     history = read_json(out / ROUNDS_FILE, expect=list) if (out / ROUNDS_FILE).is_file() else []
     current = cfg.base
     for n in range(1, r.rounds + 1):
@@ -86,10 +163,15 @@ def rft(cfg: RFTConfig, out_dir: str | Path) -> list[dict]:
             continue
         model, tok = load_for_inference(current, device=cfg.train.device, merge=True)
         context = model.cfg.max_seq_len - r.max_new_tokens
+        if context < 1:
+            raise ConfigError(f"rft.max_new_tokens = {r.max_new_tokens}: at or over the model's context "
+                              f"({model.cfg.max_seq_len} tokens); leave room for the prompt", key="rft.max_new_tokens")
         prompts, held, bad = read_prompts(r.prompts, tok, context)
         if r.eval_prompts:
-            unmarked, marked, _ = read_prompts(r.eval_prompts, tok, context)
+            unmarked, marked, bad2 = read_prompts(r.eval_prompts, tok, context)
             held = unmarked + marked  # every prompt of an eval file is held out, marked split="heldout" or not
+            if not held:
+                raise no_usable_eval_prompts(r.eval_prompts, bad2)
         held = held[: r.eval_count]
         samples = round_dir / "samples.jsonl"
         if not samples.is_file():
@@ -103,10 +185,11 @@ def rft(cfg: RFTConfig, out_dir: str | Path) -> list[dict]:
         after = _heldout_reward(model, tok, held, rewards, r.max_new_tokens)
         record = {"round": n, "base": str(current), "samples": stats["samples"], "sample_reward": stats["mean_reward"],
                   "kept": stats["kept"], "heldout_reward_before": before, "heldout_reward_after": after,
-                  "sft_steps": summary["steps"]}
+                  "sft_steps": summary["steps"], "reward_errors": stats.get("reward_errors", 0)}
         history = history[: n - 1] + [record]
         atomic_write_json(out / ROUNDS_FILE, history)
         print(f"round {n}: {stats['kept']:,} of {stats['samples']:,} samples kept (mean reward "
-              f"{stats['mean_reward']:.3f}); held-out greedy reward {before} -> {after}")
+              f"{stats['mean_reward']:.3f}, {record['reward_errors']:,} reward failures); held-out greedy reward "
+              f"{before} -> {after}")
         current = str(run_dir)
     return history

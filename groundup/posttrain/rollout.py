@@ -10,7 +10,9 @@ generation engine (KV cache, batched), with the old log-probability of every sam
 them with the rewards, and turns rewards into advantages within each group: (r - mean) / (std + 1e-4)
 (std is the group's sample standard deviation, as TRL's), or r - mean without scaling (Dr. GRPO).
 A group whose rewards are all equal teaches nothing: it is counted and left out, and when every group
-of a batch is such, new prompts are drawn (up to `max_resample` times). With `mask_truncated` a
+of a batch is such, new prompts are drawn (up to `max_resample` times). A run whose rewards fail on
+every call, or tell no group's completions apart, for `reward_patience` steps stops with an error that
+says why (rewards/health.py). With `mask_truncated` a
 completion cut off at `max_new_tokens` keeps its place in its group's advantages but no token of it
 is trained on (its targets are ignored), as TRL's mask_truncated_completions. An optimizer step takes
 `grad_accum` batches, all sampled from the policy before the step; with `iterations` > 1 the same
@@ -34,7 +36,8 @@ from groundup.model.logprobs import logprobs
 from groundup.model.lora import adapters_disabled
 from groundup.model.loss import IGNORE_INDEX
 from groundup.posttrain.records import BadRecord, parse_messages
-from groundup.rewards.functions import score
+from groundup.rewards.functions import score_each
+from groundup.rewards.health import BatchTally, RewardHealth
 
 
 def policy_temperature(cfg) -> float:
@@ -81,30 +84,62 @@ def read_prompts(paths, tok, max_len: int) -> tuple[list[Prompt], list[Prompt], 
     return train, held, bad
 
 
+def no_usable_eval_prompts(paths, bad: list[str]) -> DataError:
+    """The error for held-out prompt files without one usable prompt: running on as if none were given
+    would hide it."""
+    why = f" ({len(bad):,} skipped; first: {bad[0]})" if bad else ""
+    return DataError(f"--eval-prompts {' '.join(map(str, paths))}: no usable prompt{why}")
+
+
+@dataclass
+class ScoredSamples:
+    outs: list  # k completions of each prompt, prompt-major
+    totals: list[float]  # their weighted rewards (a failed reward counts 0)
+    parts: dict[str, list[float]]  # each reward's values
+    failed: list[bool]  # some reward failed on this completion: its total is no judgement of it
+    tally: BatchTally  # all of them: samples, failures per reward, prompts whose samples varied
+
+
+def _varies(scores: list[float]) -> bool:
+    return max(scores) > min(scores)
+
+
 def sample_scored(gen: Generator, prompts: list[Prompt], rewards, k: int, errors: list[str] | None = None,
-                  batch_rows: int = 32, progress: bool = False,
-                  **sampling) -> tuple[list, list[float], dict[str, list[float]]]:
-    """k completions of each prompt (prompt-major), their total rewards and each reward's values;
-    reward failures are appended to `errors` as "prompt: reason" (they score 0). Rows are sampled
-    `batch_rows` at a time (the KV cache grows with rows x context), each batch with its own seed."""
+                  batch_rows: int = 32, progress: bool = False, health: RewardHealth | None = None,
+                  **sampling) -> ScoredSamples:
+    """k completions of each prompt (prompt-major), scored by the rewards; reward failures are appended
+    to `errors` as "prompt: reason" (they score 0). Rows are sampled `batch_rows` at a time (the KV cache
+    grows with rows x context), each batch with its own seed and scored as it comes; `health` is given
+    each batch's tally (with the whole prompts finished in it) and stops a run whose rewards never work."""
     from tqdm import tqdm
 
-    outs = []
     rows = [p.ids for p in prompts for _ in range(k)]
+    result = ScoredSamples([], [], {r.name: [] for r in rewards}, [], BatchTally())
+    pending, tallied = BatchTally(), 0  # not yet given to `health`; prompts whose samples are all tallied
     with tqdm(total=len(rows), desc="sampling", unit=" samples", disable=not progress, leave=False) as bar:
         for i in range(0, len(rows), batch_rows):
-            outs += gen.complete_ids(rows[i : i + batch_rows], **{**sampling, "seed": sampling.get("seed", 0) + i})
-            bar.update(len(rows[i : i + batch_rows]))
-    totals, parts = [], {}
-    for i, o in enumerate(outs):
-        p = prompts[i // k]
-        total, comps, error = score(rewards, p.text, o.text, p.fields, p.messages)
-        if error and errors is not None:
-            errors.append(f"{p.text[:60]!r}: {error}")
-        totals.append(total)
-        for name, v in comps.items():
-            parts.setdefault(name, []).append(v)
-    return outs, totals, parts
+            outs = gen.complete_ids(rows[i : i + batch_rows], **{**sampling, "seed": sampling.get("seed", 0) + i})
+            bar.update(len(outs))
+            for j, o in enumerate(outs, start=i):
+                p = prompts[j // k]
+                s = score_each(rewards, p.text, o.text, p.fields, p.messages)
+                if s.errors and errors is not None:
+                    name = next(iter(s.errors))
+                    errors.append(f"{p.text[:60]!r}: {name}: {s.errors[name]}")
+                result.outs.append(o)
+                result.totals.append(s.total)
+                result.failed.append(bool(s.errors))
+                for name, v in s.parts.items():
+                    result.parts[name].append(v)
+                pending.add(BatchTally(1, dict.fromkeys(s.errors, 1), 0, s.total, s.errors))
+            finished = len(result.totals) // k
+            if finished > tallied:  # a batch's tally counts whole prompts: whether their samples varied
+                pending.varied = sum(_varies(result.totals[q * k : (q + 1) * k]) for q in range(tallied, finished))
+                result.tally.add(pending)
+                if health is not None:
+                    health.update(pending)
+                pending, tallied = BatchTally(), finished
+    return result
 
 
 @dataclass
@@ -119,7 +154,7 @@ class RolloutBatch:
 
 class RolloutLoader:
     def __init__(self, prompts: list[Prompt], cfg, rewards, tok, seed: int = 0, rank: int = 0, world_size: int = 1,
-                 accum: int = 1):
+                 accum: int = 1, reduce=None):
         if not prompts:
             raise DataError("no usable GRPO prompts (see the skipped records above)")
         self.prompts, self.cfg, self.rewards, self.tok = prompts, cfg, rewards, tok
@@ -130,6 +165,11 @@ class RolloutLoader:
         self.pos = 0  # the next of them
         self.policy = self.reference = None
         self.errors: list[str] = []  # reward failures, "prompt: reason"
+        # rewards that never work stop the run: judged on each step's samples, summed over processes by
+        # `reduce` (Dist.sum), so that every process stops at the same step
+        self.health = RewardHealth([r.name for r in rewards], cfg.reward_patience, "steps", "grpo.reward_patience = 0")
+        self.reduce = reduce or (lambda values: values)
+        self.tally = BatchTally()  # the step being drawn
 
     def bind(self, policy, reference=None) -> None:
         """The model to sample from; `reference` a frozen copy, or None (LoRA: the adapter switched off)."""
@@ -155,7 +195,11 @@ class RolloutLoader:
             if self.cached and self.iteration < self.cfg.iterations:
                 self.iteration += 1
             else:
+                self.tally = BatchTally()
                 self.cached, self.iteration = [self._draw() for _ in range(self.accum)], 1
+                names = self.health.names
+                self.health.update(BatchTally.from_list(self.reduce(self.tally.as_list(names)), names,
+                                                        self.tally.errors))
             self.pos = 0
         self.pos += 1
         return self.cached[self.pos - 1]
@@ -178,10 +222,11 @@ class RolloutLoader:
         c, G = self.cfg, self.cfg.group_size
         seed = int(np.random.default_rng([self.seed, self.rank, self.batches]).integers(1 << 31))
         rows = [p.ids for p in prompts for _ in range(G)]
-        outs, totals, parts = sample_scored(Generator(self.policy, self.tok), prompts, self.rewards, G,
-                                            self.errors, max_new_tokens=c.max_new_tokens, temperature=c.temperature,
-                                            top_p=c.top_p, seed=seed, logprobs=True,
-                                            logprob_temperature=policy_temperature(c))
+        scored = sample_scored(Generator(self.policy, self.tok), prompts, self.rewards, G, self.errors,
+                               max_new_tokens=c.max_new_tokens, temperature=c.temperature, top_p=c.top_p, seed=seed,
+                               logprobs=True, logprob_temperature=policy_temperature(c))
+        self.tally.add(scored.tally)
+        outs, totals, parts = scored.outs, scored.totals, scored.parts
         r = torch.tensor(totals).view(len(prompts), G)
         informative = (r.max(dim=1).values - r.min(dim=1).values) > 0
         stats = {"reward": r.mean().item(), "reward_std": r.std(dim=1).mean().item(),
@@ -232,7 +277,7 @@ class RolloutLoader:
     def state_dict(self) -> dict:
         state = {"version": 1, "epoch": self.epoch, "position": self.position, "batches": self.batches,
                  "iteration": self.iteration, "pos": self.pos, "prompts": len(self.prompts), "seed": self.seed,
-                 "batch_size": self.batch_size}
+                 "batch_size": self.batch_size, "health": self.health.state_dict()}
         if self.iteration < self.cfg.iterations or self.pos < len(self.cached):  # still to be used: keep them
             state["cached"] = [vars(b) for b in self.cached]
         return state
@@ -243,5 +288,6 @@ class RolloutLoader:
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
         self.batches, self.iteration, self.pos = int(state["batches"]), int(state["iteration"]), int(state["pos"])
         self.cached = [RolloutBatch(**b) for b in state.get("cached") or []]
+        self.health.load_state_dict(state.get("health") or {})
         if not self.cached:
             self.pos = 0

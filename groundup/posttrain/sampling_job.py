@@ -3,9 +3,9 @@ job that never loses finished work.
 
     job = SamplingJob(out, settings, resume=False, overwrite=False)   # checks what is already at OUT
     with job.locked():
-        state = job.run(prompts, build, k=8, chunk=256, batch_rows=32, seed=0)
+        state = job.run(prompts, build, k=8, chunk=256, batch_rows=32, seed=0, nothing=explain)
     # build(prompts, seed) -> (records, counts, errors): one chunk's records, its counts (summed over the
-    # run in state["counts"]) and its reward failures
+    # run in state["counts"]) and its reward failures; explain(state) -> why no record was made
 
 The prompts are sampled a chunk at a time. Each chunk's records are appended to `OUT.partial` and
 flushed to disk, then `OUT.progress.json` records how many prompts are done and how long the partial
@@ -16,6 +16,11 @@ finished file is the same bytes as one uninterrupted run: every sampling batch's
 seed plus the batch's first row, and a chunk holds whole batches. When every prompt is done,
 `OUT.partial` becomes OUT in one rename (an OUT already there is only replaced then, with
 `overwrite`) and the record is removed. One process writes an OUT at a time (`.OUT.lock` beside it).
+
+Nothing usable is never written: a run whose prompts gave no record at all leaves no OUT (and no
+partial file or record) and says why (`nothing`); so does a run stopped because its rewards never
+work (RewardsBroken: the chunks done were scored by them, so they are not kept to resume). An OUT
+that is a directory is refused before any work.
 """
 
 from __future__ import annotations
@@ -29,7 +34,8 @@ from pathlib import Path
 from groundup.data.input_tasks import input_fingerprint
 from groundup.errors import DataError
 from groundup.io import atomic_write_json, read_json, writer_lock
-from groundup.layout import resolve_model_dir
+from groundup.layout import claim_output_file, resolve_model_dir
+from groundup.rewards.health import RewardsBroken
 
 PROGRESS_VERSION = 1
 MAX_FAILURE_EXAMPLES = 20  # reward failures kept verbatim in the record (all of them are counted)
@@ -53,8 +59,8 @@ def chunk_prompts(target: int, k: int, batch_rows: int) -> int:
 
 class SamplingJob:
     def __init__(self, out: str | Path, settings: dict, resume: bool | None = False, overwrite: bool = False,
-                 restart_hint: str = "start again with --overwrite"):
-        self.out = Path(out)
+                 restart_hint: str = "start again with --overwrite", what: str = "file", verb: str = "data pairs"):
+        self.out, self.what, self.verb = Path(out), what, verb
         self.partial = self.out.with_name(self.out.name + ".partial")
         self.record = self.out.with_name(self.out.name + ".progress.json")
         self.settings, self.resume, self.overwrite, self.restart_hint = settings, resume, overwrite, restart_hint
@@ -76,6 +82,7 @@ class SamplingJob:
                 "reward_failures": 0, "failure_examples": []}
 
     def _start(self) -> dict:
+        claim_output_file(self.out, self.verb, self.what)  # a folder is found now, not by the rename at the end
         if self.partial.exists() and not self.record.exists():  # stopped inside its first chunk: nothing was finished
             self.partial.unlink()
         if self.resume or (self.resume is None and self.record.exists()):  # None: continue whatever is unfinished
@@ -117,9 +124,33 @@ class SamplingJob:
             os.truncate(self.partial, state["bytes"])
         return state
 
-    def run(self, prompts: list, build, k: int, chunk: int, batch_rows: int, seed: int, progress: bool = True) -> dict:
+    def run(self, prompts: list, build, k: int, chunk: int, batch_rows: int, seed: int, progress: bool = True,
+            nothing=lambda state: "no prompt gave a record") -> dict:
         """Sample the prompts not done yet, chunk by chunk (`build(part, seed)` samples and scores one);
-        returns the final record, counts summed over the whole run, resumed parts included."""
+        returns the final record, counts summed over the whole run, resumed parts included. No record
+        at all: nothing is left at OUT and DataError says why (`nothing(state)`)."""
+        try:
+            state = self._sample(prompts, build, k, chunk, batch_rows, seed, progress)
+        except RewardsBroken:
+            self._discard()
+            raise
+        if not state["bytes"]:
+            self._discard()
+            raise DataError(f"{self.out}: nothing written: {nothing(state)}")
+        os.replace(self.partial, self.out)
+        self.record.unlink()
+        return state
+
+    def print_failures(self) -> None:
+        """The reward failures kept verbatim (the first MAX_FAILURE_EXAMPLES), resumed parts included."""
+        for example in self.state.get("failure_examples", []):
+            print(f"reward failure: {example}")
+
+    def _discard(self) -> None:
+        self.partial.unlink(missing_ok=True)
+        self.record.unlink(missing_ok=True)
+
+    def _sample(self, prompts: list, build, k: int, chunk: int, batch_rows: int, seed: int, progress: bool) -> dict:
         from tqdm import tqdm
 
         state, size = self.state, chunk_prompts(chunk, k, batch_rows)
@@ -139,6 +170,4 @@ class SamplingJob:
                              failure_examples=state["failure_examples"] + errors[:room])
                 atomic_write_json(self.record, state)
                 bar.update(len(part))
-        os.replace(self.partial, self.out)
-        self.record.unlink()
         return state

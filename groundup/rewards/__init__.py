@@ -3,8 +3,12 @@
 functions.py     the shipped rewards (exact match, format, code in the sandbox), `module:function`
                  rewards, loading them by name and scoring a completion with weights
 model_scorer.py  `rm:PATH`: a trained reward model's value head as a reward
+health.py        RewardHealth: a run whose rewards fail on every call, or never vary, stops and says why
 """
 
-from groundup.rewards.functions import Reward, extract_answer, load_reward, load_rewards, parse_reward_args, score
+from groundup.rewards.functions import (Reward, Scored, extract_answer, load_reward, load_rewards, parse_reward_args,
+                                        score, score_each)
+from groundup.rewards.health import BatchTally, RewardHealth, RewardsBroken
 
-__all__ = ["Reward", "extract_answer", "load_reward", "load_rewards", "parse_reward_args", "score"]
+__all__ = ["BatchTally", "Reward", "RewardHealth", "RewardsBroken", "Scored", "extract_answer", "load_reward",
+           "load_rewards", "parse_reward_args", "score", "score_each"]

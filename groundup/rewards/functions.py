@@ -10,9 +10,12 @@ A reward is named by `module:function` (any importable module, e.g. a file on PY
     format_answer                      1 if the completion has an `Answer: N` line (a format reward)
     code                               1 if `prompt + completion` passes the record's `tests` in the
                                        evaluation sandbox (a separate process with limits, never exec)
-Extra fields of the prompt's record (answer, tests, entry_point, ...) are passed as keyword arguments.
-A reward that raises or returns something other than a finite number scores 0 for that completion,
-and the failure is counted and reported with the record (`error`), never a crash of the run.
+Extra fields of the prompt's record (answer, tests, entry_point, ...) are passed as keyword arguments;
+a field named `prompt`, `completion` or `messages` (a TRL prompt-completion file's reference
+completion) is not, as TRL's trainers leave it out: those names are the call's own arguments.
+A reward that raises (or calls sys.exit) or returns something other than a finite number scores 0
+for that completion, and the failure is counted and reported with the record (`error`), never a
+crash of the run; a run whose rewards fail on every call stops (rewards/health.py).
 """
 
 from __future__ import annotations
@@ -20,12 +23,12 @@ from __future__ import annotations
 import importlib
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 from groundup.config import ConfigError, did_you_mean
 from groundup.rewards.model_scorer import RewardModelScorer
-from groundup.sandbox.runner import check_completion
+from groundup.sandbox import check_completion, default_python
 
 RewardFn = Callable[..., float]
 _ANSWER_LINE = re.compile(r"Answer:\s*-?[\d,]+")
@@ -57,7 +60,8 @@ def format_answer(prompt: str, completion: str, **_) -> float:
 def code(prompt: str, completion: str, tests: str | None = None, entry_point: str | None = None, **_) -> float:
     if not tests:
         return 0.0
-    return float(check_completion(prompt, completion, tests, entry_point, timeout=10.0).passed)
+    # the sandbox's interpreter: this process's may be one the sandbox user cannot run (a venv under /root)
+    return float(check_completion(prompt, completion, tests, entry_point, timeout=10.0, python=default_python()).passed)
 
 
 SHIPPED: dict[str, RewardFn] = {"exact_match": exact_match, "exact_match_strict": exact_match,
@@ -74,6 +78,8 @@ class Reward:
 
 def load_reward(spec: str) -> RewardFn:
     """A shipped reward by name, `rm:PATH` (a reward model), or `module:function`; ConfigError naming what is wrong."""
+    if spec == "code":
+        default_python()  # no interpreter the sandbox can run: say so now, not as a failure of every call
     if spec in SHIPPED:
         return SHIPPED[spec]
     if spec.startswith("rm:"):
@@ -101,23 +107,49 @@ def load_rewards(specs: list[str], weights: list[float] | None = None) -> list[R
     return [Reward(s, load_reward(s), float(w)) for s, w in zip(specs, weights)]
 
 
-def score(rewards: list[Reward], prompt: str, completion: str, fields: dict,
-          messages: list[dict] | None = None) -> tuple[float, dict[str, float], str | None]:
-    """(weighted total, each reward's value, the first failure or None). `messages`: a chat prompt's
-    whole conversation, given to the rewards that read it (a reward model: `wants_messages = True`);
-    the others see the last user message as `prompt`."""
-    parts, error = {}, None
+RESERVED = ("prompt", "completion", "messages")  # the call's own arguments: never passed from a record's fields
+
+
+@dataclass
+class Scored:
+    total: float  # the weighted sum; a failed reward counts 0
+    parts: dict[str, float]  # each reward's value
+    errors: dict[str, str] = field(default_factory=dict)  # reward name -> why it failed on this completion
+
+
+def _failure(e: BaseException) -> str:
+    if isinstance(e, SystemExit):
+        return f"SystemExit: the reward called sys.exit({e.code!r})"
+    return f"{type(e).__name__}: {e}"
+
+
+def score_each(rewards: list[Reward], prompt: str, completion: str, fields: dict,
+               messages: list[dict] | None = None) -> Scored:
+    """Every reward's value of one completion and which failed. `messages`: a chat prompt's whole
+    conversation, given to the rewards that read it (a reward model: `wants_messages = True`); the
+    others see the last user message as `prompt`."""
+    kwargs = {k: v for k, v in fields.items() if k not in RESERVED}
+    parts, errors = {}, {}
     for r in rewards:
         try:
             extra = {"messages": messages} if messages is not None and getattr(r.fn, "wants_messages", False) else {}
-            value = float(r.fn(prompt, completion, **fields, **extra))
+            value = float(r.fn(prompt, completion, **kwargs, **extra))
             if not math.isfinite(value):
                 raise ValueError(f"returned {value}")
-        except Exception as e:  # noqa: BLE001 - a user's reward may raise anything; one sample pays, not the run
+        # a user's reward may raise anything, or call sys.exit: one sample pays, not the run (Ctrl-C still stops it)
+        except (Exception, SystemExit) as e:  # noqa: BLE001
             value = 0.0
-            error = error or f"{r.name}: {type(e).__name__}: {e}"
+            errors[r.name] = _failure(e)
         parts[r.name] = value
-    return sum(r.weight * parts[r.name] for r in rewards), parts, error
+    return Scored(sum(r.weight * parts[r.name] for r in rewards), parts, errors)
+
+
+def score(rewards: list[Reward], prompt: str, completion: str, fields: dict,
+          messages: list[dict] | None = None) -> tuple[float, dict[str, float], str | None]:
+    """(weighted total, each reward's value, the first failure as "name: reason" or None); see score_each."""
+    s = score_each(rewards, prompt, completion, fields, messages)
+    name = next(iter(s.errors), None)
+    return s.total, s.parts, (f"{name}: {s.errors[name]}" if name else None)
 
 
 def parse_reward_args(args: list[str]) -> tuple[list[str], list[float]]:
