@@ -343,7 +343,7 @@ def test_out_directories_are_never_replaced_silently(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     assert main(export + ["--out", str(tmp_path / "empty")]) == 0  # an empty directory is fine
     assert main(["import", "hf", "--model", str(tmp_path / "empty"), "--out", str(tmp_path / "taken")]) == 2
-    assert "exists and is not empty" in capsys.readouterr().err
+    assert "holds the output of 'groundup export hf'; 'groundup import hf'" in capsys.readouterr().err
     assert main(["import", "hf", "--model", str(tmp_path / "empty"), "--out", str(tmp_path / "taken"),
                  "--overwrite"]) == 0
     with pytest.raises(DataError, match="which this command reads"):

@@ -2,7 +2,7 @@
 
     # my_task.toml                          # items.jsonl, one object a line:
     name = "capitals"                       # {"country": "France", "options": ["Paris", "Rome"], "answer": 0}
-    data = "items.jsonl"                    # relative to the TOML file
+    data = "items.jsonl"                    # relative to the TOML file, inside its folder
     kind = "multiple_choice"                # or "generate"
     context = "Q: What is the capital of {country}?\\nA:"   # a Python format string over the fields
     choices = "options"                     # a field holding a list, or a list of format strings
@@ -38,7 +38,7 @@ KINDS = ("multiple_choice", "generate")
 # key -> (accepted types, description for the error message)
 KEYS: dict[str, tuple[tuple[type, ...], str]] = {
     "name": ((str,), "a task name"),
-    "data": ((str,), "a JSONL path relative to the TOML file"),
+    "data": ((str,), "a JSONL path relative to the TOML file, inside its folder"),
     "kind": ((str,), f"one of {', '.join(KINDS)}"),
     "context": ((str,), "a format string such as '{question}'"),
     "choices": ((str, list), "a field name or a list of format strings"),
@@ -50,7 +50,7 @@ KEYS: dict[str, tuple[tuple[type, ...], str]] = {
     "target_delimiter": ((str,), "a string"),
     "fewshot_delimiter": ((str,), "a string"),
     "description": ((str,), "a string"),
-    "fewshot_data": ((str,), "a JSONL path relative to the TOML file"),
+    "fewshot_data": ((str,), "a JSONL path relative to the TOML file, inside its folder"),
     "random_baseline": ((int, float), "a number between 0 and 1"),
     "strict": ((bool,), "true or false"),
 }
@@ -177,18 +177,30 @@ def _read_records(cfg: dict, path: Path, toml: Path, skipped: list[str]) -> list
     return docs
 
 
+def _inside(toml: Path, key: str, name: str) -> Path:
+    """A data path of the task file, refused unless it resolves inside the task file's folder (symbolic
+    links followed): a task file from someone else must not make eval read, and record in results.json,
+    files elsewhere on the machine (`../../../etc/passwd`)."""
+    folder = toml.parent.resolve()
+    path = (folder / name).resolve()
+    if not path.is_relative_to(folder):
+        raise ConfigError(f"{toml}: {key} = {name!r} resolves to {path}, outside the task file's folder {folder}; "
+                          "keep the data beside the task file", key=key)
+    return path
+
+
 def load_custom_task(path: str | Path) -> Task:
     """Read a custom task TOML and its JSONL items (all checked now; bad records listed in `skipped`)."""
     toml = Path(path)
     if not toml.is_file():
         raise ConfigError(f"custom task file not found: {toml}", key="tasks")
     cfg = _read_config(toml)
-    data = toml.parent / cfg["data"]
+    data = _inside(toml, "data", cfg["data"])
     skipped: list[str] = []
     docs = _read_records(cfg, data, toml, skipped)
     files = [toml, data]
     if "fewshot_data" in cfg:
-        pool_path = toml.parent / cfg["fewshot_data"]
+        pool_path = _inside(toml, "fewshot_data", cfg["fewshot_data"])
         pool = _read_records(cfg, pool_path, toml, skipped)
         files.append(pool_path)
     else:

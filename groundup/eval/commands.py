@@ -78,6 +78,10 @@ def _resolve(spec: str | None):
     tasks = resolve_tasks(spec)
     for task in tasks:
         task.files()  # a missing benchmark package or file: its DataError now
+        if task.skipped:  # a custom task's bad records: said here, not only in results.json
+            more = f" (and {len(task.skipped) - 3} more)" if len(task.skipped) > 3 else ""
+            print(f"note: task {task.name}: skipped {len(task.skipped)} record(s) of {task.source}: "
+                  f"{'; '.join(task.skipped[:3])}{more}", file=sys.stderr)
         if task.kind == "generate" and any(item.tests is not None for item in task.items(limit=1)):
             from groundup.sandbox.runner import default_python
 
@@ -125,7 +129,8 @@ def _environment() -> dict:
             "threads": torch.get_num_threads()}
 
 
-def _finish(args, results: dict, records: dict, text: str, name: str = "results", markdown: str | None = None) -> None:
+def _finish(args, results: dict, records: dict, text: str, name: str = "results", markdown: str | None = None,
+            verb: str = "eval") -> None:
     import json
 
     from groundup.eval.results import _clean, write_results
@@ -135,7 +140,7 @@ def _finish(args, results: dict, records: dict, text: str, name: str = "results"
     else:
         print(text)
     if args.out is not None:
-        write_results(args.out, results, records, overwrite=args.overwrite, name=name, markdown=markdown)
+        write_results(args.out, results, records, overwrite=args.overwrite, name=name, markdown=markdown, verb=verb)
         print(f"wrote {args.out}/{name}.json, {name}.md, items/", file=sys.stderr)
 
 
@@ -143,7 +148,7 @@ def evaluate(args: argparse.Namespace) -> int:
     from groundup.eval.harness import EvalSettings
     from groundup.eval.harness import evaluate as run
     from groundup.eval.results import render_table
-    from groundup.io import check_out_dir
+    from groundup.layout import claim_output_dir
 
     if not args.tasks and not args.bpb:
         raise ConfigError("nothing to evaluate: pass --tasks (names, groups or .toml files) and/or --bpb PATH",
@@ -162,7 +167,7 @@ def evaluate(args: argparse.Namespace) -> int:
         if not Path(path).exists():
             raise DataError(f"--bpb {path}: no such file or directory")
     if args.out is not None:
-        check_out_dir(args.out, args.overwrite, sources=[args.model])
+        claim_output_dir(args.out, "eval", overwrite=args.overwrite, sources=[args.model])
     tasks = _resolve(args.tasks)
     started = time.perf_counter()
     model, tok = _load(args)
@@ -173,8 +178,8 @@ def evaluate(args: argparse.Namespace) -> int:
     def done(r: dict) -> None:
         main = ", ".join(f"{m} {v['value']:.4f}" for m, v in r["metrics"].items()
                          if isinstance(v["value"], float) and v["value"] == v["value"])
-        extra = (f"; {r['failed']} failed" if r["failed"] else "") + (f"; {r['truncated']} truncated"
-                                                                       if r["truncated"] else "")
+        extra = (f"; {r['failed']} failed, first: {r['failures'][0]['reason']}" if r["failed"] else "") + (
+            f"; {r['truncated']} truncated" if r["truncated"] else "")
         print(f"{r['name']}: {main} ({r['items']} items, {r['seconds']:.1f}s{extra})", file=sys.stderr)
 
     out = run(model, tok, tasks, settings, progress=not args.quiet, on_task=done) if tasks else \
@@ -191,6 +196,11 @@ def evaluate(args: argparse.Namespace) -> int:
     results["seconds"] = round(time.perf_counter() - started, 3)
     results["environment"] = _environment()
     _finish(args, results, records, render_table(results))
+    dead = [r for r in out["tasks"].values() if r["items"] and not r["scored"]]
+    if dead:  # numbers of nothing: the run failed, whatever was written
+        r = dead[0]
+        raise DataError(f"task {r['name']}: none of its {r['items']} items could be scored (first: "
+                        f"{r['failures'][0]['reason']})")
     return 0
 
 
@@ -217,7 +227,7 @@ def contamination_arguments(p: argparse.ArgumentParser) -> None:
 
 def contamination(args: argparse.Namespace) -> int:
     from groundup.data.decontaminate import task_texts
-    from groundup.io import check_out_dir
+    from groundup.layout import claim_output_dir
 
     if not args.data and not args.model:
         raise ConfigError("nothing to check: pass --data PATH (training data) and/or --model M (membership scores)",
@@ -230,7 +240,8 @@ def contamination(args: argparse.Namespace) -> int:
         if not Path(path).exists():
             raise DataError(f"--data {path}: no such file or directory")
     if args.out is not None:
-        check_out_dir(args.out, args.overwrite, sources=[*args.data, *([args.model] if args.model else [])])
+        claim_output_dir(args.out, "eval contamination", overwrite=args.overwrite,
+                         sources=[*args.data, *([args.model] if args.model else [])])
     _resolve(args.tasks)
     started = time.perf_counter()
     results: dict = {"version": 1, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
@@ -261,7 +272,7 @@ def contamination(args: argparse.Namespace) -> int:
         lines.append(render_membership(found))
     results["seconds"] = round(time.perf_counter() - started, 3)
     text = "\n\n".join(lines)
-    _finish(args, results, records, text, name="contamination",
+    _finish(args, results, records, text, name="contamination", verb="eval contamination",
             markdown=f"# Contamination\n\n```\n{text}\n```\n\nDetails: contamination.json, items/<task>.jsonl.\n")
     return 0
 

@@ -17,14 +17,15 @@ The aggregate is nanochat's CORE centring, (acc - random_baseline) / (1 - random
 over the multiple-choice tasks run, using acc_norm where lm-eval reports it and acc otherwise.
 
 Nothing is dropped silently: an item that cannot be scored (a continuation that encodes to no
-tokens, one longer than the model's context, a failed generation) is counted in `failed` with the
-reason and left out of the metrics; an item whose prompt was longer than the context is
+tokens, one longer than the model's context, a non-finite log-likelihood, a failed generation) is
+counted in `failed` with the reason and left out of the metrics (a NaN never counts as right); an item whose prompt was longer than the context is
 left-truncated as lm-eval does and counted in `truncated`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from dataclasses import dataclass
 from typing import Sequence
@@ -65,6 +66,15 @@ class EvalSettings:
             raise ConfigError(f"k = {list(self.ks)}: expected integers >= 1", key="k")
         if self.bootstrap_iters < 0:
             raise ConfigError(f"bootstrap_iters = {self.bootstrap_iters}: expected >= 0", key="bootstrap_iters")
+        if self.temperature is not None and not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ConfigError(f"temperature = {self.temperature}: expected a number >= 0 (0: greedy)", key="temperature")
+        if self.max_gen_tokens is not None and self.max_gen_tokens < 1:
+            raise ConfigError(f"max_gen_tokens = {self.max_gen_tokens}: expected at least 1", key="max_gen_tokens")
+        if not (math.isfinite(self.sandbox_timeout) and self.sandbox_timeout > 0):
+            raise ConfigError(f"sandbox_timeout = {self.sandbox_timeout}: expected a positive number of seconds",
+                              key="sandbox_timeout")
+        if self.workers is not None and self.workers < 1:
+            raise ConfigError(f"workers = {self.workers}: expected at least 1", key="workers")
 
 
 def check_task_metrics(task) -> None:
@@ -102,6 +112,9 @@ def _loglikelihood_task(model, tokenizer, task, items, settings: EvalSettings, p
     records, failed = [], []
     for item, ks in zip(items, per_item):
         errors = [encoded[k].error for k in ks if encoded[k].error]
+        if not errors and not all(math.isfinite(scores[k].logprob) for k in ks):  # NaN never picks a winner
+            errors = [f"non-finite log-likelihood ({', '.join(str(scores[k].logprob) for k in ks)}): the model's "
+                      "outputs are NaN or infinite (corrupt weights, or an overflow in this dtype)"]
         rec = {"id": item.id, "gold": item.gold, "truncated": max(encoded[k].truncated for k in ks)}
         if errors:
             rec["error"] = errors[0]

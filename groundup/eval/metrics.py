@@ -26,7 +26,11 @@ import numpy as np
 
 
 def choice_metrics(lls: Sequence[float], choices: Sequence[str], gold: int) -> dict[str, float]:
+    """An item's accuracies; log-likelihoods that are not all finite pick no winner (every metric 0: numpy's
+    argmax would take the first NaN, or the first of equal -infs, and score a broken model right)."""
     lls = np.asarray(lls, dtype=np.float64)
+    if not np.isfinite(lls).all():
+        return {"acc": 0.0, "acc_norm": 0.0, "acc_bytes": 0.0}
     chars = np.array([float(len(c)) for c in choices])
     nbytes = np.array([float(len(c.encode("utf-8"))) for c in choices])
     with np.errstate(divide="ignore", invalid="ignore"):

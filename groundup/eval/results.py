@@ -28,7 +28,8 @@ import json
 import math
 from pathlib import Path
 
-from groundup.io import atomic_dir, atomic_write_json, atomic_write_text, check_out_dir
+from groundup.io import atomic_dir, atomic_write_json, atomic_write_text
+from groundup.layout import claim_output_dir, mark_output_dir
 
 RESULTS_FILE = "results.json"
 ITEMS_DIR = "items"
@@ -46,10 +47,13 @@ def _clean(value):
 
 
 def write_results(out: str | Path, results: dict, records: dict[str, list[dict]] | None = None,
-                  overwrite: bool = False, name: str = "results", markdown: str | None = None) -> Path:
-    """OUT/<name>.json, OUT/<name>.md (`markdown`, or the evaluation tables) and OUT/items/<task>.jsonl."""
-    out = check_out_dir(out, overwrite)
+                  overwrite: bool = False, name: str = "results", markdown: str | None = None,
+                  verb: str = "eval") -> Path:
+    """OUT/<name>.json, OUT/<name>.md (`markdown`, or the evaluation tables) and OUT/items/<task>.jsonl;
+    `verb` (eval, eval contamination) is recorded as the folder's maker."""
+    out = claim_output_dir(out, verb, overwrite=overwrite)
     with atomic_dir(out) as tmp:
+        mark_output_dir(tmp, verb)
         atomic_write_json(tmp / f"{name}.json", _clean(results))
         atomic_write_text(tmp / f"{name}.md", render_markdown(results) if markdown is None else markdown)
         for task, rows in (records or {}).items():

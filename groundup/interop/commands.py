@@ -1,7 +1,8 @@
 """`groundup export hf`, `groundup export gguf`, `groundup import hf` and `groundup import gguf`.
 
-Each refuses an --out that exists and is not empty unless --overwrite is given (the directories through
-groundup.io.check_out_dir; `export gguf` writes one file, which it replaces only with --overwrite).
+Each refuses an --out that exists and is not empty unless --overwrite is given, and a folder another verb
+made (the directories through groundup.layout.claim_output_dir; `export gguf` writes one file, which it
+replaces only with --overwrite).
 """
 
 from __future__ import annotations

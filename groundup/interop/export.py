@@ -24,9 +24,9 @@ from groundup.errors import CheckpointError
 from groundup.interop.hf_config import choose_architecture, hf_config
 from groundup.interop.hf_tokenizer import write_tokenizer_files
 from groundup.interop.hf_weights import to_hf_state
-from groundup.io import atomic_dir, atomic_write_json, check_out_dir, follow_umask
+from groundup.io import atomic_dir, atomic_write_json, follow_umask
 from groundup.layout import (HF_CONFIG_FILE, HF_GENERATION_CONFIG_FILE, HF_WEIGHTS_FILE, check_tokenizer_fits,
-                             find_tokenizer_dir, resolve_model_dir)
+                             claim_output_dir, find_tokenizer_dir, mark_output_dir, resolve_model_dir)
 from groundup.quant.load import load_model
 from groundup.tokenizer import load_tokenizer
 
@@ -38,7 +38,7 @@ def export_hf(checkpoint: str | Path, out: str | Path, dtype: str | None = None,
 
     model_dir = resolve_model_dir(checkpoint)
     # A run directory's checkpoints live two levels below it: protect the run, not only the step.
-    check_out_dir(out, overwrite, sources=[Path(checkpoint), model_dir])
+    claim_output_dir(out, "export hf", overwrite=overwrite, sources=[Path(checkpoint), model_dir])
     tok_dir = find_tokenizer_dir(model_dir)
     if tok_dir is None:
         raise CheckpointError(f"{model_dir}: no tokenizer beside the checkpoint (MODEL/tokenizer or RUN/tokenizer); "
@@ -52,6 +52,7 @@ def export_hf(checkpoint: str | Path, out: str | Path, dtype: str | None = None,
     ids = {"bos": tok.bos_id, "eot": tok.eot_id, "pad": tok.pad_id}
     config = hf_config(arch, cfg, ids, DTYPE_NAMES[model.embed.weight.dtype])
     with atomic_dir(out) as tmp:
+        mark_output_dir(tmp, "export hf")
         save_file(weights, str(tmp / HF_WEIGHTS_FILE), metadata={"format": "pt"})
         follow_umask(tmp / HF_WEIGHTS_FILE)
         atomic_write_json(tmp / HF_CONFIG_FILE, config)

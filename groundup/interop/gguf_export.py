@@ -53,7 +53,7 @@ from groundup.errors import CheckpointError, DataError
 from groundup.interop.gguf_import import _GLOBAL, _LAYER
 from groundup.interop.gguf_tokenizer import GPT2, PRE_TOKENIZERS, SMOLLM
 from groundup.interop.hf_weights import rules, to_hf_state
-from groundup.layout import check_tokenizer_fits, find_tokenizer_dir, resolve_model_dir
+from groundup.layout import check_tokenizer_fits, claim_output_file, find_tokenizer_dir, resolve_model_dir
 from groundup.model.config import ModelConfig
 from groundup.quant.formats import dequantize_int4, dequantize_int8
 from groundup.quant.load import load_model
@@ -365,9 +365,7 @@ def export_gguf(checkpoint: str | Path, out: str | Path, type_: str | None = Non
     if type_ not in TYPES:
         raise ConfigError(f"--type {type_!r}: expected one of {', '.join(TYPES)}{did_you_mean(type_, TYPES)}",
                           key="type")
-    out = Path(out)
-    if out.is_dir():
-        raise DataError(f"{out}: is a directory; --out names the .gguf file to write")
+    out = claim_output_file(out, "export gguf", ".gguf file")
     if out.exists() and (not overwrite or Path(model_dir).resolve() in out.resolve().parents):
         raise DataError(f"{out}: exists; " + ("it is a file of the model being exported: choose another --out"
                                               if overwrite else "pass --overwrite to replace it"))

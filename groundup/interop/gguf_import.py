@@ -35,10 +35,10 @@ from groundup.device import resolve_dtype
 from groundup.errors import CheckpointError, DataError
 from groundup.interop.gguf_tokenizer import tokenizer_from_gguf
 from groundup.interop.hf_weights import from_hf_state
-from groundup.io import atomic_dir, check_out_dir
-from groundup.layout import TOKENIZER_DIR
+from groundup.io import atomic_dir
+from groundup.layout import TOKENIZER_DIR, claim_output_dir, mark_output_dir
 from groundup.model.config import ModelConfig
-from groundup.model.model_dir import build_from_state, save_model
+from groundup.model.model_dir import build_from_state, check_finite, save_model
 from groundup.tokenizer.hf_tokenizer import HFTokenizer
 
 ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}  # GGUF name -> the Rule table's
@@ -187,7 +187,7 @@ def import_gguf(path: str | Path, out: str | Path, dtype: str | None = None,
     if unknown:
         raise CheckpointError(f"{where}: tensors groundup does not map for {meta['general.architecture']}: "
                               f"{', '.join(unknown[:5])}")
-    check_out_dir(out, overwrite, sources=[path])
+    claim_output_dir(out, "import gguf", overwrite=overwrite, sources=[path])
     target = resolve_dtype(dtype) if dtype else _default_dtype(reader.tensors)
     permuted = meta["general.architecture"] == "llama"
     state = {}
@@ -197,6 +197,7 @@ def import_gguf(path: str | Path, out: str | Path, dtype: str | None = None,
         if permuted and part in ("attn_q", "attn_k"):
             w = _unpermute(w, cfg.n_heads if part == "attn_q" else cfg.kv_heads)
         state[hf_name(t.name)] = torch.from_numpy(np.ascontiguousarray(w)).to(target)
+        check_finite({t.name: state[hf_name(t.name)]}, where)  # as stored, or overflowed in `target`
     model = build_from_state(cfg, from_hf_state(arch, cfg, state, where), dtype=target, source=where)
     tok, no_tokenizer = None, None
     try:
@@ -206,6 +207,7 @@ def import_gguf(path: str | Path, out: str | Path, dtype: str | None = None,
     except DataError as e:
         no_tokenizer = str(e)
     with atomic_dir(out) as tmp:
+        mark_output_dir(tmp, "import gguf")
         save_model(model, tmp, metadata={"imported_from": f"gguf:{meta['general.architecture']}"})
         if tok is not None:
             tok.save(tmp / TOKENIZER_DIR)

@@ -23,9 +23,10 @@ from groundup.device import resolve_dtype
 from groundup.errors import CheckpointError, DataError
 from groundup.interop.hf_import_config import model_config_from_hf
 from groundup.interop.hf_weights import from_hf_state
-from groundup.io import atomic_dir, check_out_dir, read_json
-from groundup.layout import HF_CONFIG_FILE, HF_WEIGHTS_FILE, HF_WEIGHTS_INDEX_FILE, TOKENIZER_DIR
-from groundup.model.model_dir import build_from_state, save_model
+from groundup.io import atomic_dir, read_json
+from groundup.layout import (HF_CONFIG_FILE, HF_WEIGHTS_FILE, HF_WEIGHTS_INDEX_FILE, TOKENIZER_DIR, claim_output_dir,
+                             mark_output_dir)
+from groundup.model.model_dir import build_from_state, check_finite, save_model
 from groundup.schema import check, relative_file
 from groundup.tokenizer import load_tokenizer
 
@@ -52,6 +53,7 @@ def read_hf_weights(hf_dir: Path) -> dict[str, torch.Tensor]:
             state.update(load_file(str(f)))
         except (SafetensorError, OSError, ValueError) as e:
             raise CheckpointError(f"{f}: unreadable safetensors file ({e})") from None
+        check_finite(state, str(f))
     return state
 
 
@@ -60,7 +62,7 @@ def import_hf(hf_dir: str | Path, out: str | Path, dtype: str | None = None,
     """Write the groundup model directory; returns (architecture, why no tokenizer came along or None)."""
 
     hf_dir = Path(hf_dir)
-    check_out_dir(out, overwrite, sources=[hf_dir])
+    claim_output_dir(out, "import hf", overwrite=overwrite, sources=[hf_dir])
     config_file = hf_dir / HF_CONFIG_FILE
     if not config_file.is_file():
         raise CheckpointError(f"{hf_dir}: not a Hugging Face model directory (no {HF_CONFIG_FILE})")
@@ -75,6 +77,7 @@ def import_hf(hf_dir: str | Path, out: str | Path, dtype: str | None = None,
     except DataError as e:
         no_tokenizer = str(e)
     with atomic_dir(out) as tmp:
+        mark_output_dir(tmp, "import hf")
         save_model(model, tmp, metadata={"imported_from": arch})
         if tok is not None:
             tok.save(tmp / TOKENIZER_DIR)

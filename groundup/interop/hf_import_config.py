@@ -136,10 +136,25 @@ def _deepseek(arch: str, c: dict, need, refuse) -> dict:
     return f
 
 
+# Every key parse_hf_config reads, with the JSON type it must have: valid JSON of another type (a
+# rope_theta list, a sliding_window string, tie_word_embeddings "false") is one DataError naming the file
+# and key, never a traceback or a string read as true. null is accepted where transformers writes it.
+_INT, _NUM, _FLAG, _TEXT = (int, None), (float, None), (bool, None), (str, None)
+_ROPE = {"rope_theta?": _NUM, "rope_type?": _TEXT, "type?": _TEXT, "factor?": _NUM}
+_ROPE_PARAMETERS = {**_ROPE, "full_attention?": (_ROPE, None), "sliding_attention?": (_ROPE, None)}  # gemma3's
 _SHAPE = {"model_type?": str, "rope_scaling?": (dict, None), "rope_parameters?": (dict, None),
           "num_hidden_layers?": int, "hidden_size?": int, "num_attention_heads?": int, "vocab_size?": int,
           "intermediate_size?": int, "max_position_embeddings?": int, "layer_types?": ([str], None),
-          "mlp_only_layers?": ([int], None)}
+          "mlp_only_layers?": ([int], None), "_name_or_path?": _TEXT, "hidden_act?": _TEXT,
+          "hidden_activation?": _TEXT, "num_key_value_heads?": _INT, "rms_norm_eps?": _NUM,
+          "tie_word_embeddings?": _FLAG, "initializer_range?": _NUM, "head_dim?": _INT, "rope_theta?": _NUM,
+          "sliding_window?": _INT, "use_sliding_window?": _FLAG, "attention_bias?": _FLAG, "mlp_bias?": _FLAG,
+          "query_pre_attn_scalar?": _NUM, "attn_logit_softcapping?": _NUM, "final_logit_softcapping?": _NUM,
+          "num_local_experts?": _INT, "num_experts?": _INT, "num_experts_per_tok?": _INT,
+          "moe_intermediate_size?": _INT, "decoder_sparse_step?": _INT, "norm_topk_prob?": _FLAG,
+          "q_lora_rank?": _INT, "kv_lora_rank?": _INT, "qk_nope_head_dim?": _INT, "qk_rope_head_dim?": _INT,
+          "v_head_dim?": _INT, "n_routed_experts?": _INT, "first_k_dense_replace?": _INT, "n_shared_experts?": _INT,
+          "routed_scaling_factor?": _NUM, "topk_method?": _TEXT, "n_group?": _INT, "topk_group?": _INT}
 
 
 def model_config_from_hf(c: dict, where: str = "config.json") -> tuple[str, ModelConfig]:
@@ -148,6 +163,9 @@ def model_config_from_hf(c: dict, where: str = "config.json") -> tuple[str, Mode
     A config this module wrote carries the original ModelConfig; it is used when it still exports to
     the same config.json (so a round trip is exact, training-only fields included)."""
     check(c, _SHAPE, where)
+    for key, shape in (("rope_scaling", _ROPE), ("rope_parameters", _ROPE_PARAMETERS)):
+        if c.get(key) is not None:  # checked apart: the message then names the key inside
+            check(c[key], shape, where, key)
     arch = c.get("model_type")
     if arch == "mistral":  # Llama's architecture with an optional sliding window
         arch = "llama"

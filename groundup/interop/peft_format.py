@@ -30,8 +30,13 @@ from groundup.io import atomic_write_json, follow_umask, read_json
 from groundup.layout import ADAPTER_CONFIG_FILE, ADAPTER_META_FILE, ADAPTER_WEIGHTS_FILE
 from groundup.model.config import ModelConfig
 from groundup.model.lora import LoRALinear, LoraConfig, apply_lora, load_adapter_state
+from groundup.model.model_dir import check_finite
+from groundup.schema import check
 
 PREFIX = "base_model.model."
+# The keys of peft's adapter_config.json that groundup reads, with their JSON types (null where peft writes it).
+_PEFT_SHAPE = {"peft_type?": (str, None), "r?": (int, None), "lora_alpha?": (float, None), "lora_dropout?": (float, None),
+               "target_modules?": (str, [str], None), "use_rslora?": (bool, None)}
 
 
 def _architecture(model) -> str | None:
@@ -105,6 +110,7 @@ def adapter_config(adapter_dir: str | Path) -> tuple[LoraConfig, dict]:
         meta = read_json(meta_path, expect=dict, error=CheckpointError)
         return from_dict(LoraConfig, dict(meta.get("lora") or {}), prefix=f"{meta_path}: "), meta
     peft = read_json(adapter_dir / ADAPTER_CONFIG_FILE, expect=dict, error=CheckpointError)
+    check(peft, _PEFT_SHAPE, str(adapter_dir / ADAPTER_CONFIG_FILE))
     if peft.get("peft_type", "LORA") != "LORA":
         raise CheckpointError(f"{adapter_dir / ADAPTER_CONFIG_FILE}: peft_type {peft.get('peft_type')!r}; only LORA loads")
     names = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj", "gate_proj": "gate_up_proj",
@@ -113,10 +119,14 @@ def adapter_config(adapter_dir: str | Path) -> tuple[LoraConfig, dict]:
     if isinstance(targets, str) or any(t not in names for t in targets):
         raise CheckpointError(f"{adapter_dir / ADAPTER_CONFIG_FILE}: target_modules {targets!r}: groundup loads "
                               f"adapters on {', '.join(sorted(names))}")
-    lora = LoraConfig(rank=int(peft.get("r", 8)), alpha=float(peft.get("lora_alpha", 8)),
-                      dropout=float(peft.get("lora_dropout", 0.0)), targets=sorted({names[t] for t in targets}),
-                      rslora=bool(peft.get("use_rslora", False)))
-    lora.validate()
+    given = {k: v for k, v in peft.items() if v is not None}  # null: peft's default
+    lora = LoraConfig(rank=given.get("r", 8), alpha=float(given.get("lora_alpha", 8)),
+                      dropout=float(given.get("lora_dropout", 0.0)), targets=sorted({names[t] for t in targets}),
+                      rslora=given.get("use_rslora", False))
+    try:
+        lora.validate()
+    except ConfigError as e:
+        raise CheckpointError(f"{adapter_dir / ADAPTER_CONFIG_FILE}: {e}") from None
     return lora, {"hf_names": True}
 
 
@@ -168,15 +178,21 @@ def read_adapter_state(model, adapter_dir: str | Path) -> dict[str, torch.Tensor
         tensors = load_file(str(weights))
     except (OSError, ValueError, RuntimeError) as e:
         raise CheckpointError(f"{weights}: unreadable safetensors file ({e})") from None
+    check_finite(tensors, str(weights))
     state = from_peft(model, tensors, bool(meta.get("hf_names", True)), str(weights))
     return {k: v.to(model.device) for k, v in state.items()}
 
 
 def load_adapter(model, adapter_dir: str | Path) -> LoraConfig:
-    """Apply and load an adapter directory (ours or peft's) onto `model` in place; returns its config."""
+    """Apply and load an adapter directory (ours or peft's) onto `model` in place; returns its config.
+    An adapter that does not fit the model (made for a base of another shape, or on layers it lacks) is a
+    CheckpointError naming the directory: the one check that generate, chat, eval, merge and serve share."""
 
     adapter_dir = Path(adapter_dir)
     lora, _ = adapter_config(adapter_dir)
-    apply_lora(model, lora)
-    load_adapter_state(model, read_adapter_state(model, adapter_dir), str(adapter_dir / ADAPTER_WEIGHTS_FILE))
+    try:
+        apply_lora(model, lora)
+        load_adapter_state(model, read_adapter_state(model, adapter_dir), str(adapter_dir / ADAPTER_WEIGHTS_FILE))
+    except (RuntimeError, ValueError) as e:  # shapes or layers that do not fit (torch's cat, reshape, load)
+        raise CheckpointError(f"{adapter_dir}: does not fit this model ({str(e).splitlines()[0]})") from None
     return lora

@@ -245,6 +245,12 @@ def load_adapter_state(model: nn.Module, state: dict[str, torch.Tensor], where: 
     missing, extra = sorted(set(own) - set(state)), sorted(set(state) - set(own))
     if missing or extra:
         raise CheckpointError(f"{where} does not fit this model's adapters: missing {missing[:3]}, unexpected {extra[:3]}")
+    shapes = model.state_dict()
+    for key, value in state.items():
+        if tuple(value.shape) != tuple(shapes[own[key]].shape):
+            raise CheckpointError(f"{where} does not fit this model: {key} is {tuple(value.shape)}, this model's "
+                                  f"adapter there is {tuple(shapes[own[key]].shape)} (an adapter made for a base of "
+                                  "another shape)")
     model.load_state_dict({own[k]: v for k, v in state.items()}, strict=False)
 
 

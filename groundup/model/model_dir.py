@@ -58,9 +58,22 @@ def load_state(path: str | Path, device: str | torch.device = "cpu") -> dict[str
     if not path.is_file():
         raise CheckpointError(f"{path}: weights file not found")
     try:
-        return load_file(str(path), device=str(device))
+        state = load_file(str(path), device=str(device))
     except (SafetensorError, OSError, ValueError) as e:
         raise CheckpointError(f"{path}: unreadable safetensors file ({e})") from None
+    check_finite(state, str(path))
+    return state
+
+
+def check_finite(state: dict[str, torch.Tensor], where: str) -> None:
+    """Refuse weights holding NaN or infinity, naming the first such tensor: every verb that reads weights
+    (load_state, import hf / gguf, adapters) calls this, so corrupt weights never reach a model (whose every
+    output would be NaN, and whose quantized, exported or evaluated copy would look fine)."""
+    for name, t in state.items():
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            nan, inf = int(torch.isnan(t).sum()), int(torch.isinf(t).sum())
+            raise CheckpointError(f"{where}: tensor {name} holds non-finite values ({nan:,} NaN, {inf:,} infinite "
+                                  f"of {t.numel():,}): corrupt weights (a diverged run or a damaged file)")
 
 
 def build_from_state(cfg: ModelConfig, state: dict[str, torch.Tensor], device: str | torch.device = "cpu",

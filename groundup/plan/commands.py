@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 
 from groundup.arguments import add_config_arguments
 
@@ -16,13 +17,16 @@ _SUFFIXES = {"K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}
 
 
 def token_count(text: str) -> float:
-    """1e12, 300B, 1.5T, 2M."""
+    """1e12, 300B, 1.5T, 2M: a positive, finite number of tokens (nan, inf and 0 are refused)."""
     text = text.strip().replace("_", "").replace(",", "")
     scale = _SUFFIXES.get(text[-1:].upper(), 0)
     try:
-        return float(text[:-1]) * scale if scale else float(text)
+        count = float(text[:-1]) * scale if scale else float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a number of tokens, e.g. 1e12, 300B or 1.5T") from None
+        count = math.nan
+    if not (math.isfinite(count) and count > 0):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive number of tokens, e.g. 1e12, 300B or 1.5T")
+    return count
 
 
 def plan_arguments(p: argparse.ArgumentParser) -> None:

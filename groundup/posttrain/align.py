@@ -70,6 +70,9 @@ def _align(cfg, out_dir: str | Path, resume: bool, kind: str) -> dict:
         items, report = read(section.data, tok, cfg.train.seq_len + 1)
         if section.eval_data:
             held, held_report = read(section.eval_data, tok, cfg.train.seq_len + 1)
+            if not held:  # never "no held-out data" for files the user named
+                raise DataError(f"--eval-data {', '.join(map(str, section.eval_data))}: no usable {kind} record "
+                                f"({held_report.records:,} read; first: {'; '.join(held_report.skipped[:2])})")
             report.skipped += held_report.skipped
             train = items
         else:

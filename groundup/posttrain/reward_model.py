@@ -97,7 +97,10 @@ def rm(cfg: RMConfig, out_dir: str | Path, resume: bool = False) -> dict:
             raise DataError("no preference pairs: pass --data FILE... (prompt, chosen, rejected)")
         items, report = read_pairs(section.data, tok, cfg.train.seq_len + 1)
         if section.eval_data:
-            held, _ = read_pairs(section.eval_data, tok, cfg.train.seq_len + 1)
+            held, held_report = read_pairs(section.eval_data, tok, cfg.train.seq_len + 1)
+            if not held:  # never "no held-out pairs" for files the user named
+                raise DataError(f"--eval-data {', '.join(map(str, section.eval_data))}: no usable preference pair "
+                                f"({held_report.records:,} read; first: {'; '.join(held_report.skipped[:2])})")
             train = items
         else:
             train, held = split_heldout(items, section.val_fraction, section.seed)

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from groundup.data.hashing import document_score
-from groundup.data.readers import ReadStats
+from groundup.data.readers import PROBLEM_KINDS, ReadStats
 from groundup.errors import DataError
 from groundup.io import atomic_write_json
 from groundup.layout import DATA_REPORT_FILE
@@ -84,18 +84,36 @@ def _is_heldout(ex: Example, cfg: SFTConfig) -> bool:
     return document_score(key, cfg.sft.seed) < cfg.sft.val_fraction
 
 
+def _skipped(stats: ReadStats) -> int:
+    return sum(getattr(stats, kind) for kind in PROBLEM_KINDS)
+
+
+def _report_skipped(flag: str, stats: ReadStats, note) -> None:
+    """What reading `flag`'s files skipped (unreadable files, invalid JSON, records of no known format), said
+    on the console where the user looks, not only in data_report.json."""
+    if _skipped(stats):
+        note(f"{flag}: skipped {_skipped(stats):,} input problem(s) ({stats.summary()}); first: "
+             + "; ".join(stats.examples(3)))
+
+
 def load_examples(cfg: SFTConfig, note=print) -> tuple[list[Example], list[Example], ReadStats]:
-    """(training examples, held-out examples, what reading saw)."""
+    """(training examples, held-out examples, what reading saw). Skipped input is reported through `note`;
+    --eval-data that yields no usable example is a DataError naming its files, never "no held-out data"."""
     if not cfg.sft.data:
         raise DataError("no fine-tuning data: pass --data FILE... (JSONL or Parquet)")
-    stats, bad = ReadStats(), []
+    stats = ReadStats()
     train, heldout = [], []
-    for ex in iter_examples(cfg.sft.data, stats, bad):
+    for ex in iter_examples(cfg.sft.data, stats):
         (heldout if not cfg.sft.eval_data and _is_heldout(ex, cfg) else train).append(ex)
+    _report_skipped("--data", stats, note)
     if cfg.sft.eval_data:
-        heldout = list(iter_examples(cfg.sft.eval_data, stats, bad))
-    if bad:
-        note(f"skipped {len(bad):,} records that fit no fine-tuning format: " + "; ".join(bad[:3]))
+        held_stats = ReadStats()
+        heldout = list(iter_examples(cfg.sft.eval_data, held_stats))
+        _report_skipped("--eval-data", held_stats, note)
+        if not heldout:
+            raise DataError(f"--eval-data {', '.join(map(str, cfg.sft.eval_data))}: no usable held-out example "
+                            f"({held_stats.summary()}; first: {'; '.join(held_stats.examples(3))})")
+        stats.merge(held_stats)
     return train, heldout, stats
 
 
@@ -107,8 +125,12 @@ def sft(cfg: SFTConfig, out_dir: str | Path, resume: bool = False) -> dict:
         pad = tok.pad_id if tok.pad_id is not None else tok.eot_id
         rows, report = pack([tokenize(e, tok, cfg.sft.loss_on, i) for i, e in enumerate(train_ex)], cfg.train.seq_len,
                             pad, cfg.sft.packing)
-        val_rows, _ = pack([tokenize(e, tok, cfg.sft.loss_on, i) for i, e in enumerate(heldout)], cfg.train.seq_len,
-                           pad, cfg.sft.packing)
+        val_rows, val_report = pack([tokenize(e, tok, cfg.sft.loss_on, i) for i, e in enumerate(heldout)],
+                                    cfg.train.seq_len, pad, cfg.sft.packing)
+        if cfg.sft.eval_data and not val_rows:
+            raise DataError(f"--eval-data {', '.join(map(str, cfg.sft.eval_data))}: none of its {len(heldout):,} "
+                            f"examples can be scored ({val_report['dropped_examples']:,} longer than train.seq_len "
+                            f"{cfg.train.seq_len}, {val_report['no_target_examples']:,} with no learned token)")
         replay_rows = round(cfg.sft.replay_fraction * cfg.train.batch_size) if cfg.sft.replay_fraction else 0
         replay = None
         if replay_rows:

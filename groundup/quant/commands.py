@@ -62,9 +62,8 @@ def quantize(args: argparse.Namespace) -> int:
     from groundup.config import ConfigError
     from groundup.errors import CheckpointError
     from groundup.device import resolve_device
-    from groundup.io import check_out_dir
     from groundup.io import atomic_dir
-    from groundup.layout import TOKENIZER_DIR, find_tokenizer_dir, resolve_model_dir
+    from groundup.layout import TOKENIZER_DIR, claim_output_dir, find_tokenizer_dir, mark_output_dir, resolve_model_dir
     from groundup.model.model_dir import load_float_model
     from groundup.quant.calibration import calibration_rows
     from groundup.quant.quantized_dir import is_quantized, read_quant_spec, save_quantized_model
@@ -82,7 +81,8 @@ def quantize(args: argparse.Namespace) -> int:
         how = existing.describe() if existing else "a [quantization] table"
         raise ConfigError(f"{model_dir} is already quantized ({how}); quantize the full-precision model it came from",
                           key="model")
-    out = check_out_dir(args.out or _default_out(model_dir, spec), args.overwrite, sources=[model_dir])
+    out = claim_output_dir(args.out or _default_out(model_dir, spec), "quantize", overwrite=args.overwrite,
+                           sources=[model_dir])
     tok_dir = Path(args.tokenizer) if args.tokenizer else find_tokenizer_dir(model_dir)
     if tok_dir is not None and not tok_dir.is_dir():
         raise CheckpointError(f"--tokenizer {tok_dir}: no such directory")
@@ -104,6 +104,7 @@ def quantize(args: argparse.Namespace) -> int:
                             progress=log)
     after = _weight_bytes(model)
     with atomic_dir(out) as tmp:
+        mark_output_dir(tmp, "quantize")
         save_quantized_model(model, tmp, metadata={"source": str(model_dir)})
         if tok_dir is not None:
             shutil.copytree(tok_dir, tmp / TOKENIZER_DIR)
