@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from groundup.arguments import config_class
 from groundup.config import config_template, did_you_mean, load_config
 from groundup.errors import GroundupError
+from groundup.io import full_disk_reason
 
 @dataclass(frozen=True)
 class Command:
@@ -170,7 +171,12 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:  # `groundup ... | head` closing the pipe is not an error
         return 0
-    except Exception:  # noqa: BLE001 - a bug: show the full traceback
+    except Exception as e:  # noqa: BLE001 - a bug: show the full traceback
+        reason = full_disk_reason(e)  # a writer that does not name its file (io.py's writers do: DiskFullError)
+        if reason is not None:
+            where = f" writing {e.filename}" if isinstance(e, OSError) and e.filename else ""
+            print(f"error: disk full{where}: {reason}; free some space and run it again", file=sys.stderr)
+            return 2
         traceback.print_exc()
         return 1
     return int(result or 0)

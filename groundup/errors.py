@@ -1,5 +1,7 @@
 """Errors a user can fix. The CLI prints these as one clear message, without a traceback."""
 
+import errno
+
 
 class GroundupError(Exception):
     """Base class for user-facing errors (bad config, bad input file, missing checkpoint)."""
@@ -23,3 +25,19 @@ class CheckpointError(GroundupError):
 
 class TrainingError(GroundupError):
     """A run cannot go on: it diverged past what rollbacks can repair."""
+
+
+class DiskFullError(GroundupError, OSError):
+    """A write found its file system full (or the user's quota spent). It names the file: everything finished
+    before is intact, since every output is renamed into place only once whole (a run resumes from its last
+    checkpoint). An OSError too (errno ENOSPC or EDQUOT), for code that handles those."""
+
+    def __init__(self, path, reason: str = "No space left on device", code: int = errno.ENOSPC):
+        OSError.__init__(self, code, reason, str(path))
+        self.path, self.reason = str(path), reason
+
+    def __str__(self) -> str:
+        return f"disk full writing {self.path}: {self.reason}; free some space and run it again"
+
+    def __reduce__(self):  # a worker process's error arrives whole
+        return type(self), (self.path, self.reason, self.errno)

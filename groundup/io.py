@@ -2,22 +2,29 @@
 
 A crash must never leave a half-written file that looks complete, so outputs are written under
 a temporary name in the same directory and renamed into place (rename is atomic on POSIX).
+
+A full disk (ENOSPC, or EDQUOT for a spent quota) met by any of these writers is a DiskFullError naming the
+file (its final path, not the temporary one), whichever library did the writing: the file's own `write`
+raises it (`open_named`), and a writer that swallows it (torch's zip writer reports a position mismatch,
+numpy's `tofile` a short write, safetensors' Rust writer its own error) is recognised on the way out.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import gzip
 import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
-from typing import IO, Any, Iterable, Iterator
+from typing import IO, Any, Iterator
 
-from groundup.errors import DataError
+from groundup.errors import DataError, DiskFullError
 
 
 def _read_umask() -> int:
@@ -40,6 +47,94 @@ def follow_umask(path: str | Path) -> Path:
     return path
 
 
+FULL_DISK = (errno.ENOSPC, errno.EDQUOT)
+# What writers without an errno say: safetensors' "No space left on device (os error 28)"; numpy's short write
+# ("N requested and M written", an OSError), which a regular file gives only when its disk is full.
+_FULL_DISK_WORDS = re.compile("|".join([*(re.escape(os.strerror(code)) for code in FULL_DISK),
+                                        r"os error (%d|%d)\b" % FULL_DISK]))
+_SHORT_WRITE = re.compile(r"^\d+ requested and \d+ written$")
+
+
+def full_disk_reason(e: BaseException) -> str | None:
+    """Why `e` means a full disk, in the system's words, or None: an OSError with ENOSPC or EDQUOT anywhere in
+    its chain of causes, or an error from a writer that carries no errno but says so."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in FULL_DISK:
+            return e.reason if isinstance(e, DiskFullError) else e.strerror or os.strerror(e.errno)
+        if _FULL_DISK_WORDS.search(str(e)) or (isinstance(e, OSError) and _SHORT_WRITE.match(str(e))):
+            return os.strerror(errno.ENOSPC)
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def disk_full_error(e: BaseException, path: str | Path) -> DiskFullError | None:
+    """`e` as a DiskFullError naming `path` (one naming its file already stays as it is), or None."""
+    if isinstance(e, DiskFullError):
+        return e
+    reason = full_disk_reason(e)
+    if reason is None:
+        return None
+    code = errno.EDQUOT if reason == os.strerror(errno.EDQUOT) else errno.ENOSPC
+    return DiskFullError(path, reason, code)
+
+
+@contextlib.contextmanager
+def naming_full_disk(path: str | Path) -> Iterator[None]:
+    """A full disk met in the block is a DiskFullError naming `path`."""
+    try:
+        yield
+    except Exception as e:  # noqa: BLE001 - only a full disk is changed
+        named = disk_full_error(e, path)
+        if named is None or named is e:
+            raise
+        raise named from e
+
+
+class _NamedFile(io.FileIO):
+    """The file under a writer's buffer: its write raises a full disk as DiskFullError naming `shown`, so the
+    error names the right file whichever library writes, and keeps it in `full` for one that swallows it."""
+
+    def __init__(self, file: str | Path, mode: str, shown: str | Path):
+        super().__init__(file, mode)
+        self.shown, self.full = shown, None
+
+    def write(self, data) -> int:
+        try:
+            return super().write(data)
+        except OSError as e:
+            if e.errno not in FULL_DISK:
+                raise
+            self.full = DiskFullError(self.shown, e.strerror or os.strerror(e.errno), e.errno)
+            raise self.full from None
+
+
+def open_named(path: str | Path, mode: str = "w", shown: str | Path | None = None, encoding: str | None = None,
+               errors: str | None = None, newline: str | None = None) -> IO:
+    """`open(path, mode)` for writing ("w", "a" or "x", text or "b"), where a full disk is a DiskFullError
+    naming `shown` (default: `path`), not a bare "No space left on device"."""
+    if "r" in mode or "+" in mode:
+        raise ValueError(f"open_named writes only: mode {mode!r}")
+    raw = _NamedFile(path, mode.replace("b", "").replace("t", ""), path if shown is None else shown)
+    buffered = io.BufferedWriter(raw)
+    return buffered if "b" in mode else io.TextIOWrapper(buffered, encoding=encoding, errors=errors, newline=newline)
+
+
+@contextlib.contextmanager
+def writing(path: str | Path, mode: str = "w", shown: str | Path | None = None, **kwargs: Any) -> Iterator[IO]:
+    """`with open_named(...) as f`, and a full disk that the block's writer swallowed is still raised as one."""
+    f = open_named(path, mode, shown, **kwargs)
+    try:
+        with f:
+            yield f
+    except Exception as e:  # noqa: BLE001 - only a full disk is changed
+        raw = f.raw if isinstance(f, io.BufferedWriter) else f.buffer.raw
+        if raw.full is None or e is raw.full:
+            raise
+        raise DiskFullError(raw.full.path, raw.full.reason, raw.full.errno) from e
+
+
 def _tmp_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.tmp-{os.getpid()}")
 
@@ -57,38 +152,19 @@ def ensure_writable_dir(path: str | Path) -> Path:
     return path
 
 
-def check_out_dir(out: str | Path, overwrite: bool = False, sources: Iterable[str | Path] = ()) -> Path:
-    """The rule every verb that writes a directory keeps: never replace a non-empty one it was not told to.
-
-    An --out that exists and holds anything is refused unless `overwrite`, and one that is or contains
-    what the verb reads (`sources`) is refused even then: the replacement is renamed into place only
-    when complete, which would delete the source the moment it succeeded."""
-    out = Path(out)
-    target = out.resolve()
-    for source in sources:
-        source = Path(source).resolve()
-        if target == source or target in source.parents:
-            raise DataError(f"{out}: it is or contains {source}, which this command reads; choose another --out")
-    if out.exists() or out.is_symlink():
-        if not out.is_dir():
-            raise DataError(f"{out}: exists and is not a directory")
-        if any(out.iterdir()) and not overwrite:
-            raise DataError(f"{out}: exists and is not empty; pass --overwrite to replace it")
-    return out
-
-
 @contextlib.contextmanager
 def atomic_open(path: str | Path, mode: str = "w", **kwargs: Any) -> Iterator[IO]:
     """Open a temporary sibling of `path` for writing; rename it to `path` only on success."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = _tmp_name(path)
     try:
-        with open(tmp, mode, **kwargs) as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        with naming_full_disk(path):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with writing(tmp, mode, shown=path, **kwargs) as f:
+                yield f
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
     finally:
         if tmp.exists():
             tmp.unlink()
@@ -112,23 +188,42 @@ def atomic_write_json(path: str | Path, obj: Any, indent: int | None = 2) -> Non
 def atomic_dir(path: str | Path) -> Iterator[Path]:
     """Build a directory under a temporary name and rename it to `path` when the block succeeds.
 
-    An existing directory at `path` is replaced only after the new one is complete.
+    An existing directory at `path` is replaced only after the new one is complete. A full disk met in the
+    block names the file by its final path (`path`/name), or `path` where the writer did not say which.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = follow_umask(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    with naming_full_disk(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = follow_umask(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
     try:
-        yield tmp
-        if path.exists():
-            old = path.with_name(f".{path.name}.old-{os.getpid()}")
-            os.replace(path, old)
-            os.replace(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, path)
+        try:
+            yield tmp
+        except Exception as e:  # noqa: BLE001 - only a full disk is changed
+            named = disk_full_error(e, path)
+            if named is None:
+                raise
+            inside = Path(named.path)
+            if inside == tmp or tmp in inside.parents:
+                named = DiskFullError(path / inside.relative_to(tmp), named.reason, named.errno)
+            if named is e:
+                raise
+            raise named from e
+        with naming_full_disk(path):
+            replace_dir(tmp, path)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def replace_dir(tmp: Path, path: Path) -> None:
+    """Put the finished `tmp` at `path`, replacing what is there only now."""
+    if path.exists():
+        old = path.with_name(f".{path.name}.old-{os.getpid()}")
+        os.replace(path, old)
+        os.replace(tmp, path)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, path)
 
 
 @contextlib.contextmanager

@@ -117,3 +117,18 @@ def run_cli(*args: str, check: bool = True, timeout: float = 120) -> subprocess.
     if check and result.returncode != 0:
         raise AssertionError(f"groundup {' '.join(args)} failed ({result.returncode}):\n{result.stderr[-3000:]}")
     return result
+
+
+def one_process_fsdp(tmp_path_factory):
+    """For a module fixture: a one-process FSDP2 Dist factory on a gloo group, and the shards."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from groundup.train.distributed import Dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    mesh = init_device_mesh("cpu", (1,))
+    group = dist.new_group(backend="gloo")
+    yield shared_shards(tmp_path_factory)[0], lambda: Dist(strategy="fsdp", mesh=mesh, ckpt_group=group)
+    dist.destroy_process_group()

@@ -25,10 +25,15 @@ import torch
 from groundup.config import ConfigError, did_you_mean, fail
 
 
+# Temperatures below this are greedy (vLLM's _SAMPLING_EPS): logits divided by 5e-324 are infinite, and their
+# softmax NaN.
+GREEDY_BELOW = 1e-5
+
+
 @dataclass
 class SamplingConfig:
     max_new_tokens: int = 256
-    temperature: float = 0.8  # 0 = greedy
+    temperature: float = 0.8  # 0 = greedy (so is anything below GREEDY_BELOW)
     top_k: int = 0  # 0 = off
     top_p: float = 1.0  # 1 = off
     min_p: float = 0.0  # 0 = off
@@ -86,7 +91,7 @@ class SamplingConfig:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < GREEDY_BELOW
 
 
 class Sampler:
@@ -111,7 +116,9 @@ class Sampler:
         logits = logits[:, : self.vocab_size]
         if self.seen is not None:
             p = cfg.repetition_penalty
-            penalised = torch.where(logits > 0, logits / p, logits * p)
+            # finite whatever p is (5e-324 is 0 in float32): +inf becomes the largest float, a 0 logit stays 0
+            penalised = torch.nan_to_num(torch.where(logits > 0, logits / p, logits * p), nan=0.0,
+                                         neginf=float("-inf"))
             logits = torch.where(self.seen, penalised, logits)
         if cfg.greedy:
             tokens = logits.argmax(dim=-1)
@@ -148,6 +155,7 @@ def filtered_probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
         sorted_probs = sorted_logits.softmax(dim=-1)
         # Drop a token when the tokens ranked above it already reach top_p.
         drop = (sorted_probs.cumsum(dim=-1) - sorted_probs) >= cfg.top_p
+        drop[:, 0] = False  # the most likely token survives any top_p (5e-324 is 0 in float32)
         logits = logits.masked_fill(drop.scatter(1, order, drop), float("-inf"))
     probs = logits.softmax(dim=-1)
     if cfg.min_p:

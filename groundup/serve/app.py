@@ -10,14 +10,17 @@
     POST /v1/load_lora_adapter, /v1/unload_lora_adapter   (vLLM's; with --allow-adapter-updates:
                                  adapter_updates.py)
     GET  /metrics                Prometheus text
+    GET  /openapi.json           the API's OpenAPI schema, request bodies included (protocol.py's models)
 
 Every failure is a JSON error object `{"error": {"message", "type", "param", "code"}}` with a 4xx
 or 5xx status, and the server goes on: 400 (bad JSON, fields, limits, context), 401 (with
 `--api-key`: a missing or wrong `Authorization: Bearer KEY` on anything but `/` and `/health`),
 404 (unknown model or path), 405, 409 (unloading an adapter in use), 413 (a body over the limit), 503 (queue
 full, shutting down),
-500 (a bug, logged). `create_app` starts the scheduler with the app's lifespan and stops it after
-uvicorn has let in-flight requests finish (its graceful-shutdown period).
+500 (a bug, logged). A client that goes away before its body has arrived is no error: nothing is logged, and
+/metrics counts it under 499 (nginx's "client closed request"). tests/test_serve_fuzz.py holds all this
+against requests generated from /openapi.json. `create_app` starts the scheduler with the app's lifespan
+and stops it after uvicorn has let in-flight requests finish (its graceful-shutdown period).
 """
 
 from __future__ import annotations
@@ -29,14 +32,16 @@ import time
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from groundup.serve.adapter_updates import HOW_TO_ENABLE, LoadLoRAAdapterRequest, UnloadLoRAAdapterRequest
 from groundup.serve.generation import ClientGone, Run, collect, plan_chat, plan_completion
 from groundup.serve.page import HEADERS as PAGE_HEADERS, page_html
 from groundup.serve.protocol import (APIError, ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
-                                     TokenizeRequest, parse)
+                                     TokenizeRequest, parse, request_schemas)
 from groundup.serve.server import Server
 from groundup.serve.streaming import stream
 
@@ -44,7 +49,16 @@ log = logging.getLogger("groundup.serve")
 
 OPEN_PATHS = {"/", "/health", "/favicon.ico"}
 KNOWN_PATHS = {"/", "/health", "/v1/models", "/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize",
-               "/tokenizer_info", "/metrics", "/v1/load_lora_adapter", "/v1/unload_lora_adapter"}
+               "/tokenizer_info", "/metrics", "/v1/load_lora_adapter", "/v1/unload_lora_adapter", "/openapi.json"}
+BODIES = (CompletionRequest, ChatCompletionRequest, TokenizeRequest, DetokenizeRequest, LoadLoRAAdapterRequest,
+          UnloadLoRAAdapterRequest)
+
+
+def body_schema(model) -> dict:
+    """A route's OpenAPI request body: the routes read and validate their bodies themselves (parse), so that
+    every fault is OpenAI's 400 and the body limit holds; this tells the schema what they accept."""
+    return {"requestBody": {"required": True, "content": {
+        "application/json": {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}}}}}
 
 
 def error_response(e: APIError) -> JSONResponse:
@@ -109,7 +123,7 @@ def create_app(server: Server) -> FastAPI:
         finally:
             server.stop()
 
-    app = FastAPI(title="groundup", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="groundup", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.server = server
     limit = server.limits.max_body_bytes
 
@@ -124,6 +138,10 @@ def create_app(server: Server) -> FastAPI:
         kind = {404: "not_found", 405: "method_not_allowed"}.get(e.status_code)
         message = f"{request.method} {request.url.path}: {e.detail}"
         return error_response(APIError(e.status_code, message, code=kind))
+
+    @app.exception_handler(ClientDisconnect)
+    async def client_gone(request: Request, e: ClientDisconnect):
+        return Response(status_code=499)  # nobody to answer: the status is for /metrics
 
     @app.exception_handler(Exception)
     async def bug(request: Request, e: Exception):
@@ -168,17 +186,17 @@ def create_app(server: Server) -> FastAPI:
             raise APIError(404, f"The model `{model_id}` does not exist", param="model", code="model_not_found")
         return card
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", openapi_extra=body_schema(CompletionRequest))
     async def completions(request: Request):
         req = parse(CompletionRequest, await read_body(request, limit))
         return await respond(plan_completion(server, req), request)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", openapi_extra=body_schema(ChatCompletionRequest))
     async def chat_completions(request: Request):
         req = parse(ChatCompletionRequest, await read_body(request, limit))
         return await respond(plan_chat(server, req), request)
 
-    @app.post("/tokenize")
+    @app.post("/tokenize", openapi_extra=body_schema(TokenizeRequest))
     async def tokenize(request: Request):
         req = parse(TokenizeRequest, await read_body(request, limit))
         server.adapter_index(req.model)
@@ -190,20 +208,20 @@ def create_app(server: Server) -> FastAPI:
         strs = [server.text.string(i) for i in ids] if req.return_token_strs else None
         return {"count": len(ids), "max_model_len": server.context, "tokens": ids, "token_strs": strs}
 
-    @app.post("/detokenize")
+    @app.post("/detokenize", openapi_extra=body_schema(DetokenizeRequest))
     async def detokenize(request: Request):
         req = parse(DetokenizeRequest, await read_body(request, limit))
         server.adapter_index(req.model)
         ids = server.text.check_ids(req.tokens, "tokens")
         return {"prompt": server.tokenizer.decode(ids)}
 
-    @app.post("/v1/load_lora_adapter")
+    @app.post("/v1/load_lora_adapter", openapi_extra=body_schema(LoadLoRAAdapterRequest))
     async def load_lora_adapter(request: Request):
         updates = _updates(request)
         req = parse(LoadLoRAAdapterRequest, await read_body(request, limit))
         return PlainTextResponse(await asyncio.to_thread(updates.load, req))
 
-    @app.post("/v1/unload_lora_adapter")
+    @app.post("/v1/unload_lora_adapter", openapi_extra=body_schema(UnloadLoRAAdapterRequest))
     async def unload_lora_adapter(request: Request):
         updates = _updates(request)
         req = parse(UnloadLoRAAdapterRequest, await read_body(request, limit))
@@ -222,6 +240,14 @@ def create_app(server: Server) -> FastAPI:
     async def metrics():
         return Response(server.metrics.render(), media_type=server.metrics.content_type)
 
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+            schema.setdefault("components", {}).setdefault("schemas", {}).update(request_schemas(list(BODIES)))
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi
     return app
 
 

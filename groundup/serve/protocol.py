@@ -24,6 +24,7 @@ import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic.json_schema import models_json_schema
 from groundup.config import did_you_mean
 from groundup.infer.structured import Structured
 
@@ -262,12 +263,22 @@ class DetokenizeRequest(_Strict):
     tokens: list[int]
 
 
+def request_schemas(models: list[type[BaseModel]]) -> dict[str, dict]:
+    """The JSON schema of each request model and of the models they use, by name, their references pointing
+    into an OpenAPI document's `components/schemas` (the server's /openapi.json)."""
+    _, top = models_json_schema([(m, "validation") for m in models], ref_template="#/components/schemas/{model}")
+    return top["$defs"]
+
+
 def parse(model_cls: type[BaseModel], raw: bytes):
     """A validated request from a body, or APIError(400) naming the first bad field."""
     try:
         data = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise APIError(400, f"the request body is not valid JSON: {e}") from None
+    except RecursionError:
+        raise APIError(400, "the request body nests JSON arrays or objects too deeply") from None
+    except ValueError as e:  # not JSON, not UTF-8, or an integer of more digits than Python converts
+        reason = str(e).split("; use sys.set_int_max_str_digits", 1)[0]
+        raise APIError(400, f"the request body is not valid JSON: {reason}") from None
     if not isinstance(data, dict):
         raise APIError(400, f"the request body must be a JSON object, not {type(data).__name__}")
     try:

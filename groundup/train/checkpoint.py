@@ -32,7 +32,7 @@ import torch
 
 from groundup.config import config_to_dict
 from groundup.errors import CheckpointError
-from groundup.io import atomic_dir, atomic_write_json, atomic_write_text
+from groundup.io import atomic_dir, atomic_write_json, atomic_write_text, writing
 from groundup.layout import (ADAPTER_WEIGHTS_FILE, CHECKPOINT_FORMAT, CHECKPOINT_META_FILE, WEIGHTS_FILE,
                              checkpoints_dir, file_digest, latest_pointer, list_checkpoints, read_checkpoint_meta,
                              read_latest, step_name)
@@ -42,7 +42,7 @@ GROUPS_FILE = "optimizer_groups.pt"  # sharded checkpoints: the optimizer's para
 
 
 def _save_pt(obj, path: Path) -> None:
-    with open(path, "wb") as f:
+    with writing(path, "wb") as f:  # a full disk names the file (torch's own error would not)
         torch.save(obj, f)
         f.flush()
         os.fsync(f.fileno())

@@ -30,11 +30,11 @@ touch the DCP files: they read model.safetensors.
 from __future__ import annotations
 
 import io
-import os
 import pickle
 import shutil
 import tempfile
 import threading
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,10 +42,12 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
 from groundup.errors import CheckpointError
-from groundup.io import atomic_write_text, follow_umask
+from groundup.io import atomic_write_text, disk_full_error, follow_umask, replace_dir, writing
 from groundup.layout import checkpoints_dir, file_digest, latest_pointer, step_name
 from groundup.train.checkpoint import GROUPS_FILE, load_plain_pickle
 from groundup.train.parallelize import fuse_param_groups, fuse_state, split_names
@@ -162,6 +164,15 @@ class _Write:
     groups: dict = field(default_factory=dict)  # the optimizer's param groups and non-tensor state
 
 
+class _NamedFileSystem(FileSystem):
+    """DCP's files, where a full disk is a DiskFullError naming the shard (torch.save into DCP's stream hides it)."""
+
+    @contextmanager
+    def create_stream(self, path, mode: str):
+        with (super().create_stream(path, mode) if "r" in mode else writing(path, mode)) as stream:
+            yield stream
+
+
 def _tmp_dir(run_dir: Path, step: int, d) -> Path:
     """The step's temporary directory, made by the main process and named to all (a shared filesystem)."""
     name = None
@@ -181,6 +192,7 @@ def start_save(d, model, optimizers, run_dir: Path, step: int, async_save: bool,
     job = _Write(step, tmp, checkpoints_dir(run_dir) / step_name(step), finish=finish, rotate=rotate,
                  groups={"param_groups": osd["param_groups"], "scalars": scalars})
     writer = FileSystemWriter(tmp, single_file_per_rank=True, sync_files=True, thread_count=1)
+    writer.fs = _NamedFileSystem()
     if async_save:
         # DCP copies the shards to CPU memory before returning; the file writes and the plan
         # exchange (on the checkpoint group) then run in its thread while training goes on.
@@ -188,8 +200,14 @@ def start_save(d, model, optimizers, run_dir: Path, step: int, async_save: bool,
         job.thread = threading.Thread(target=_complete, args=(job, d), name=f"checkpoint-{step}", daemon=True)
         job.thread.start()
     else:
-        dcp.save(flat, storage_writer=writer, process_group=d.ckpt_group)
-        _complete(job, d)
+        try:
+            dcp.save(flat, storage_writer=writer, process_group=d.ckpt_group)
+        except CheckpointException as e:  # every process gets it (DCP gathers the failures); settle reports it
+            job.error = e
+            if d.is_main:
+                shutil.rmtree(job.tmp, ignore_errors=True)
+        else:
+            _complete(job, d)
     d.pending.append(job)
     if not async_save:
         settle(d)
@@ -231,14 +249,7 @@ def _complete(job: _Write, d) -> None:
 
 def _publish(tmp: Path, final: Path) -> None:
     """Rename the finished directory into place (replacing a same-step one only now) and point `latest` at it."""
-
-    if final.exists():
-        old = final.with_name(f".{final.name}.old-{os.getpid()}")
-        os.replace(final, old)
-        os.replace(tmp, final)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, final)
+    replace_dir(tmp, final)
     atomic_write_text(latest_pointer(final.parent.parent), final.name + "\n")  # last: vouches for it
 
 
@@ -249,12 +260,29 @@ def _drain(d) -> str | None:
         job = d.pending.pop(0)
         if job.thread is not None:
             job.thread.join()
-        if job.error is not None:
+        full = _disk_full(job) if job.error is not None else None
+        if full is not None:
+            message = (f"disk full writing {full.path}: {full.reason}; the run stops here, and --resume continues "
+                       "from the newest complete checkpoint once there is space")
+        elif job.error is not None:
             message = (f"the checkpoint of step {job.step} was not saved ({type(job.error).__name__}: {job.error}); "
                        "the run stops here, and --resume continues from the newest complete checkpoint")
         elif d.is_main and job.rotate is not None:
             job.rotate()
     return message
+
+
+def _disk_full(job: _Write):
+    """The write's failure as a DiskFullError naming the file by its final path (or the step), or None: DCP's
+    CheckpointException holds each process's own error."""
+    failures = getattr(job.error, "failures", None) or {}
+    for error in [job.error, *(f[0] if isinstance(f, tuple) else f for f in failures.values())]:
+        full = disk_full_error(error, job.final) if isinstance(error, BaseException) else None
+        if full is not None:
+            inside = Path(full.path)
+            return type(full)(job.final / inside.relative_to(job.tmp), full.reason, full.errno) \
+                if job.tmp in inside.parents else full
+    return None
 
 
 def settle(d) -> None:
