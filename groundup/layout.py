@@ -20,6 +20,8 @@
         checkpoints/step_NNNNNNN/   a model directory + optimizer.pt, loader.pt, trainer.pt, meta.json
         checkpoints/latest          the newest complete step directory's name, written last
         .lock                       held by the one process that writes the run (see io.writer_lock)
+    ANY OUTPUT FOLDER/              what a verb writes with --out (a run, a model, shards, results, ...)
+        .groundup-output.json       {"verb": "sft"}: the verb that made it (see claim_output_dir)
 
 A checkpoint's meta.json records an xxh3-128 digest of each of its files, so every reader (resume,
 generate, export, eval) can tell an intact checkpoint from a truncated or corrupted one, and does.
@@ -29,12 +31,14 @@ from __future__ import annotations
 
 import json
 import re
+import tomllib
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 import xxhash
 
-from groundup.errors import CheckpointError
+from groundup.errors import CheckpointError, DataError
+from groundup.io import atomic_write_json, ensure_writable_dir
 
 # Model directory
 WEIGHTS_FILE = "model.safetensors"
@@ -233,3 +237,130 @@ def check_tokenizer_fits(tokenizer_vocab: int, model_vocab: int, tokenizer_where
     if tokenizer_vocab > model_vocab:
         raise CheckpointError(f"{tokenizer_where} has {tokenizer_vocab} tokens but {model_where} embeds only "
                               f"{model_vocab}: they were not trained together")
+
+
+# ----------------------------------------------------------------------------- who made an output folder
+#
+# Every verb that writes a folder claims it first with `claim_output_dir`, the one rule: a folder that
+# holds another verb's output is refused (one line naming the folder, the verb that made it and the verb
+# asked), whether the verb starts afresh or is asked to --resume. The maker is the verb named in the
+# folder's OUTPUT_MARKER_FILE, written with the folder's first output (`mark_output_dir`), or, for a
+# folder made before markers existed, read from its layout (`made_by`). What a verb may do with a folder
+# of its own depends on how it writes (FOLDER_VERBS). --overwrite is an explicit, whole replacement: only
+# a verb that builds its folder under a temporary name and renames it into place (REPLACED) takes it,
+# and then it replaces a folder of any maker, and only once the new one is complete.
+
+OUTPUT_MARKER_FILE = ".groundup-output.json"
+
+RUN = "run"  # a training run written as it goes: a second start is refused, --resume continues it
+CONTINUED = "continued"  # written as it goes: a rerun of the same verb continues or refreshes it
+REPLACED = "replaced"  # renamed into place when complete: a non-empty folder only with --overwrite, whole
+ANNOTATES = "annotates"  # writes beside a training run or a demo (report.md), never a folder of its own
+
+FOLDER_VERBS: dict[str, str] = {
+    "data sample": CONTINUED, "data curate": CONTINUED, "tokenizer train": CONTINUED, "data tokenize": CONTINUED,
+    "train": RUN, "sft": RUN, "dpo": RUN, "kto": RUN, "rm": RUN, "grpo": RUN, "rft": CONTINUED,
+    "merge-lora": REPLACED, "quantize": REPLACED, "export hf": REPLACED, "import hf": REPLACED,
+    "import gguf": REPLACED, "eval": REPLACED, "eval contamination": REPLACED, "demo": CONTINUED,
+    "report": ANNOTATES,
+}  # fmt: skip
+REPORTED = {"train", "sft", "dpo", "kto", "rm", "grpo", "rft", "demo"}  # what `report` writes report.md into
+POSTTRAIN_SECTIONS = ("rft", "sft", "dpo", "kto", "grpo", "rm")  # a run's config.toml section naming its verb
+
+
+def made_by(path: str | Path) -> str | None:
+    """The verb that made the folder `path`: its marker's, else (a folder from before markers) what its
+    layout says, a training run by its config.toml; None when neither tells."""
+    path = Path(path)
+    try:
+        verb = json.loads((path / OUTPUT_MARKER_FILE).read_bytes().decode("utf-8")).get("verb")
+        if isinstance(verb, str) and verb:
+            return verb
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError, AttributeError):
+        pass  # no marker, or a damaged one: the layout decides
+    try:
+        keys = tomllib.loads((path / RUN_CONFIG_FILE).read_bytes().decode("utf-8")).keys()
+    except (OSError, UnicodeDecodeError, ValueError):
+        keys = None
+    if keys is not None:
+        section = next((s for s in POSTTRAIN_SECTIONS if s in keys), None)
+        if section:
+            return section
+        if "dedup" in keys and "mixing" in keys:  # data curate saves its config beside its shards
+            return "data curate"
+        if "model" in keys and "data" in keys:
+            return "train"
+    if checkpoints_dir(path).is_dir():
+        return "train"
+    if (path / TOKENIZER_META_FILE).is_file() and not (path / HF_CONFIG_FILE).exists():
+        return "tokenizer train"
+    return None
+
+
+def mark_output_dir(path: str | Path, verb: str) -> Path:
+    """Record `verb` as the maker of the folder `path` (created if missing), in one atomic write (a marker
+    naming it already is kept). Call it with the folder's first output: inside the temporary folder of a
+    REPLACED verb, once claim_output_dir's checks pass for the others."""
+    if verb not in FOLDER_VERBS:
+        raise ValueError(f"{verb!r} is not a verb of layout.FOLDER_VERBS")
+    path = ensure_writable_dir(path)
+    if made_by(path) != verb or not (path / OUTPUT_MARKER_FILE).is_file():
+        atomic_write_json(path / OUTPUT_MARKER_FILE, {"verb": verb})
+    return path
+
+
+def claim_output_dir(path: str | Path, verb: str, *, resume: bool = False, overwrite: bool = False,
+                     sources: Iterable[str | Path] = (), mark: bool = False) -> Path:
+    """The rule every verb that writes a folder keeps, before it writes anything (see above).
+
+    `resume`: the verb continues its own unfinished output; `overwrite`: it replaces the folder whole
+    (REPLACED verbs only); `sources`: what the verb reads, refused as the output (or a folder holding it)
+    since a replacement would delete it; `mark`: also create the folder and write the marker (verbs that
+    write as they go). Raises DataError naming the folder, its maker and `verb`."""
+    how = FOLDER_VERBS.get(verb)
+    if how is None:
+        raise ValueError(f"{verb!r} is not a verb of layout.FOLDER_VERBS")
+    path = Path(path)
+    exists = path.exists() or path.is_symlink()
+    if exists and not path.is_dir():
+        raise DataError(f"{path}: exists and is not a directory; 'groundup {verb}' writes a folder")
+    maker = made_by(path) if exists else None
+    if how == ANNOTATES:
+        if maker is not None and maker not in REPORTED:
+            raise DataError(f"{path} holds the output of 'groundup {maker}'; 'groundup {verb}' writes only into a "
+                            "training run or a demo folder")
+    elif maker is not None and maker != verb:
+        if resume:
+            raise DataError(f"cannot resume {path}: it holds the output of 'groundup {maker}', not a "
+                            f"'groundup {verb}' run")
+        if not (how == REPLACED and overwrite):
+            replace = " or pass --overwrite to replace it whole" if how == REPLACED else ""
+            raise DataError(f"{path} holds the output of 'groundup {maker}'; 'groundup {verb}' does not write into "
+                            f"another verb's folder: choose another --out{replace}")
+    target = path.resolve()
+    for source in sources:
+        source = Path(source).resolve()
+        if target == source or target in source.parents:
+            raise DataError(f"{path}: it is or contains {source}, which this command reads; choose another --out")
+    if exists and maker in (verb, None):
+        if how == RUN and not resume and is_run_dir(path):
+            raise DataError(f"{path} already holds a training run: resume it with 'groundup {verb} --resume {path}' "
+                            "or choose another --out")
+        if how == REPLACED and not overwrite and any(path.iterdir()):
+            raise DataError(f"{path}: exists and is not empty; pass --overwrite to replace it")
+    if mark:
+        mark_output_dir(path, verb)
+    return path
+
+
+def claim_output_file(path: str | Path, verb: str, what: str = "file") -> Path:
+    """A verb that writes one file (`what`: "pairs file") refuses an --out that is a folder, naming the verb
+    that made it."""
+    path = Path(path)
+    if path.is_dir():
+        maker = made_by(path)
+        if maker:
+            raise DataError(f"{path} holds the output of 'groundup {maker}'; 'groundup {verb}' writes a {what}: "
+                            f"--out names the {what} to write")
+        raise DataError(f"{path} is a directory: --out names the {what} to write")
+    return path

@@ -7,6 +7,7 @@ import json
 from groundup.cli import main
 from groundup.corpus import chunk_text, iter_corpus
 from groundup.corpus.math_problems import extract_answer, generate_math_records
+from groundup.layout import OUTPUT_MARKER_FILE
 
 
 def test_shakespeare_has_every_work_in_both_editions():
@@ -52,6 +53,6 @@ def test_chunks_concatenate_back_to_the_document():
 def test_data_sample_writes_jsonl_per_source(tmp_path, capsys):
     assert main(["data", "sample", "--out", str(tmp_path), "--limit", "3", "--math-count", "5"]) == 0
     names = sorted(p.name for p in tmp_path.iterdir())
-    assert names == ["math-synthetic.jsonl", "python-stdlib.jsonl", "shakespeare.jsonl"]
+    assert names == sorted([OUTPUT_MARKER_FILE, "math-synthetic.jsonl", "python-stdlib.jsonl", "shakespeare.jsonl"])
     rows = [json.loads(line) for line in (tmp_path / "shakespeare.jsonl").read_text().splitlines()]
     assert len(rows) == 3 and set(rows[0]) >= {"id", "source", "domain", "text"}

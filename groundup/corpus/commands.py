@@ -13,7 +13,8 @@ import json
 from pathlib import Path
 
 from groundup.errors import ConfigError, DataError
-from groundup.io import atomic_open, ensure_writable_dir
+from groundup.io import atomic_open
+from groundup.layout import claim_output_dir
 
 
 def sample_arguments(p: argparse.ArgumentParser) -> None:
@@ -38,7 +39,7 @@ def sample(args: argparse.Namespace) -> None:
                                ("--math-max-operand", args.math_max_operand, 0)):
         if value is not None and value < least:
             raise ConfigError(f"{flag} {value}: expected an integer >= {least}", key=flag)
-    out = ensure_writable_dir(args.out)
+    out = claim_output_dir(args.out, "data sample", mark=True)
     if args.chat:
         from groundup.corpus.chat import iter_chat
 

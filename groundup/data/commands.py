@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from groundup.arguments import add_config_arguments, add_progress_argument
+from groundup.layout import claim_output_file, claim_output_dir
 
 
 def curate_arguments(p: argparse.ArgumentParser) -> None:
@@ -38,6 +39,7 @@ def curate(args: argparse.Namespace) -> None:
     inputs, moved = inputs_and_overrides(args.input)
     overrides = moved + list(args.overrides) + ([f"workers={args.workers}"] if args.workers is not None else [])
     cfg = load_config(CurateConfig, args.config, overrides)
+    claim_output_dir(args.out, "data curate")  # the pipeline marks it once its executor runs
     report = run(inputs, args.out, cfg, progress=not args.quiet, executor=args.executor, address=args.address)
     t, tm = report["totals"], report["timing"]
     print(f"{t['docs_in']:,} documents ({t['bytes_in'] / 1e6:.1f} MB) in, {t['docs_kept']:,} kept, "
@@ -80,6 +82,7 @@ def train_classifier(args: argparse.Namespace) -> None:
 
     if not 8 <= args.bits <= 26:
         raise DataError(f"--bits {args.bits}: expected 8..26")
+    claim_output_file(args.out, "data train-classifier", "model file (.npz)")
 
     def texts(paths: list[Path]) -> list[str]:
         out = []

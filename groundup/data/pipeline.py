@@ -49,6 +49,7 @@ from groundup.data.stats import StageStats
 from groundup.data.input_tasks import InputTask, cut_shards, input_fingerprint, plan_tasks, task_records
 from groundup.errors import DataError
 from groundup.io import atomic_write_json, ensure_writable_dir, read_json, writer_lock
+from groundup.layout import mark_output_dir
 
 EXECUTORS = ("local", "ray")
 
@@ -204,7 +205,7 @@ def curate(inputs: Sequence[str | Path], out: str | Path, cfg: CurateConfig, pro
     check_inputs(inputs)
     out = Path(out)
     with open_executor(executor, address, cfg, out / ".work", progress) as ex:
-        out = ensure_writable_dir(out)
+        out = mark_output_dir(out, "data curate")  # only now: a run that cannot start leaves no folder
         with writer_lock(out):
             work = ensure_writable_dir(out / ".work")
             _check_manifest(work, {"inputs": input_fingerprint(inputs), "config": fingerprint_dict(cfg)})

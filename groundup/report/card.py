@@ -19,8 +19,8 @@ from pathlib import Path
 
 from groundup.errors import CheckpointError, DataError
 from groundup.io import atomic_write_text
-from groundup.layout import (METRICS_FILE, SUMMARY_FILE, TOKENIZER_DIR, TOKENIZER_META_FILE, is_model_dir, is_run_dir,
-                             resolve_model_dir)
+from groundup.layout import (METRICS_FILE, SUMMARY_FILE, TOKENIZER_DIR, TOKENIZER_META_FILE, claim_output_dir,
+                             is_model_dir, is_run_dir, resolve_model_dir)
 from groundup.report.demo_sections import (budget_section, conversations_section, heldout_section,
                                            plot_posttraining, posttraining_section, scorecard_section)
 from groundup.report.plots import plot_training, read_metrics
@@ -54,7 +54,7 @@ def write_report(root: str | Path, title: str | None = None, overwrite: bool = F
 
     Any other directory is refused, and so is a report.md this function did not write (a curation
     report, a user's notes) unless `overwrite`."""
-    root = Path(root)
+    root = claim_output_dir(root, "report")  # a training run's or a demo's folder, never another verb's
     run = _run_dir(root)
     if run is None and not (root / "stages.json").is_file():
         raise DataError(f"{root}: neither a training run (metrics.jsonl, checkpoints/) nor a demo directory: "

@@ -18,7 +18,8 @@ from typing import Iterator
 from groundup.arguments import add_config_arguments, add_progress_argument
 from groundup.config import load_cli_config
 from groundup.errors import DataError
-from groundup.io import atomic_write_json, ensure_writable_dir
+from groundup.io import atomic_write_json
+from groundup.layout import claim_output_dir
 
 HELDOUT_LIMIT = 32 << 20  # held-out text kept in memory for the end-of-training statistics
 
@@ -40,7 +41,7 @@ def train(args: argparse.Namespace) -> None:
 
     cfg = load_cli_config(TokenizerConfig, args, vocab_size=args.vocab_size)
     scale = cfg.holdout_fraction / (cfg.holdout_group_fraction or cfg.holdout_fraction or 1.0)
-    out = ensure_writable_dir(args.out)
+    out = claim_output_dir(args.out, "tokenizer train", mark=True)
     stats, heldout = ReadStats(), []
     held = {"bytes": 0, "documents": 0}
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from groundup.arguments import add_config_arguments, add_progress_argument
 from groundup.config import load_cli_config
 from groundup.data.commands import executor_arguments
+from groundup.layout import claim_output_dir
 
 
 def tokenize_arguments(p: argparse.ArgumentParser) -> None:
@@ -30,6 +31,7 @@ def tokenize(args: argparse.Namespace) -> None:
     from groundup.tokens.shards import SPLITS, TokenizeConfig, tokenize_to_shards
 
     cfg = load_cli_config(TokenizeConfig, args, val_fraction=args.val_fraction, workers=args.workers)
+    claim_output_dir(args.out, "data tokenize")  # marked once the executor runs
     index = tokenize_to_shards(args.input, args.tokenizer, args.out, cfg, progress=not args.quiet,
                                executor=args.executor, address=args.address)
     mb = index["bytes"] / 1e6

@@ -47,7 +47,8 @@ from groundup.config import fail
 from groundup.data.hashing import document_score
 from groundup.data.readers import ReadStats, check_inputs
 from groundup.errors import DataError
-from groundup.io import atomic_write_json, ensure_writable_dir, read_json, writer_lock
+from groundup.io import atomic_write_json, read_json, writer_lock
+from groundup.layout import mark_output_dir
 from groundup.ray_cluster import ray_session
 from groundup.schema import check, relative_file
 from groundup.tokenizer import BaseTokenizer, load_tokenizer
@@ -122,9 +123,8 @@ def tokenize_to_shards(inputs: list[str | Path], tokenizer, out: str | Path, cfg
     stats, skipped = ReadStats(), collections.Counter()
     with contextlib.ExitStack() as stack:
         if executor == "ray":  # connect first: a wrong --address leaves nothing behind
-
             stack.enter_context(ray_session(address))
-        out = ensure_writable_dir(out)
+        out = mark_output_dir(out, "data tokenize")
         stack.enter_context(writer_lock(out))
         for split in SPLITS:
             (out / split).mkdir(exist_ok=True)

@@ -9,12 +9,13 @@
 
 `open_run` holds, for the whole run, what every verb needs before its first step: the process group
 and the stop flag the signals set (loop.training_session), the writer lock (RUN/.lock, one writer at a
-time), and the checks that run before anything is written. A fresh run refuses a directory that holds
-a run; a resume needs RUN/config.toml. Pretraining takes its tokenizer from the shards (run.py checks
-them); post-training loads the base model (`load_base`). The main process then writes the tokenizer
-copy. `commit` checks a resume against the saved config by key and writes RUN/config.toml; `train`
-commits if the verb has not (a verb commits early when a resume must be refused before costly work,
-such as DPO's reference log-likelihoods).
+time), and the checks that run before anything is written (layout.claim_output_dir: a fresh run refuses
+a directory that holds a run, and neither a start nor a resume writes into another verb's folder); a
+resume needs RUN/config.toml. Pretraining takes its tokenizer from the shards (run.py checks them);
+post-training loads the base model (`load_base`). The main process then marks the folder as the verb's
+and writes the tokenizer copy. `commit` checks a resume against the saved config by key and writes
+RUN/config.toml; `train` commits if the verb has not (a verb commits early when a resume must be
+refused before costly work, such as DPO's reference log-likelihoods).
 """
 
 from __future__ import annotations
@@ -32,10 +33,11 @@ import torch
 from torch import nn
 
 from groundup.config import load_saved_config, save_config
-from groundup.errors import CheckpointError, ConfigError, DataError
+from groundup.errors import CheckpointError, ConfigError
 from groundup.interop.peft_format import adapter_config
 from groundup.io import atomic_dir, writer_lock
-from groundup.layout import LOCK_FILE, RUN_CONFIG_FILE, TOKENIZER_DIR, is_adapter_dir, is_run_dir, resolve_model_dir
+from groundup.layout import (LOCK_FILE, RUN_CONFIG_FILE, TOKENIZER_DIR, claim_output_dir, is_adapter_dir, made_by,
+                             mark_output_dir, resolve_model_dir)
 from groundup.loading import load_for_inference
 from groundup.model.lora import apply_lora
 from groundup.quant.quantized_dir import is_quantized, read_quant_spec
@@ -155,18 +157,17 @@ def open_run(cfg, out: str | Path, resume: bool = False, *, base: str | None = N
     """Everything before the first step of a training run, held for the whole run (see the module docstring).
 
     `base`: post-training's starting model (on a resume, the one the run's saved config names)."""
-    out = Path(out)
+    out, verb = Path(out), getattr(cfg, "verb", "train")
     began = time.time()
     check_trackers(cfg.log.tensorboard, cfg.log.wandb)  # refused before the run directory is created
+    if made_by(out) not in (None, verb):  # another verb's folder is refused before the lock touches it
+        claim_output_dir(out, verb, resume=resume)
     with training_session(cfg, cfg.model if base is None else None) as (d, stop), (writer_lock(out, LOCK_FILE, create=not resume) if d.is_main
                                               else contextlib.nullcontext()):
         saved, model, base_dir = None, None, None
         if resume and not (out / RUN_CONFIG_FILE).is_file():
             raise CheckpointError(f"{out}: no {RUN_CONFIG_FILE}, so not a training run directory to resume")
-        if not resume and is_run_dir(out):
-            verb = getattr(cfg, "verb", "train")
-            raise DataError(f"{out} already holds a training run: resume it with 'groundup {verb} --resume {out}' "
-                            "or choose another --out")
+        claim_output_dir(out, verb, resume=resume)  # again under the lock: a run another process started meanwhile
         if base is None:  # pretraining: the shards name the tokenizer; the model is built from cfg.model
             cfg, tok, tok_dir = prepare_pretraining(cfg, out, resume, d.is_main)
         else:
@@ -178,6 +179,8 @@ def open_run(cfg, out: str | Path, resume: bool = False, *, base: str | None = N
         if resume and saved is None:
             saved = load_saved_config(type(cfg), out / RUN_CONFIG_FILE)
         d.barrier()  # every process has checked the directory before the main one writes into it
+        if d.is_main:
+            mark_output_dir(out, verb)
         if d.is_main and not resume:
             with atomic_dir(out / TOKENIZER_DIR) as tmp:
                 if tok_dir is not None:  # the shards' tokenizer directory, copied as it is
