@@ -36,7 +36,7 @@ from groundup.tokens.loader import Batch  # noqa: E402
 from groundup.model.sizing import flops_per_token  # noqa: E402
 from groundup.train.config import TrainConfig  # noqa: E402
 from groundup.train.distributed import Dist  # noqa: E402
-from groundup.train.metrics import measure_matmul_flops  # noqa: E402
+from groundup.train.peak import measure_matmul_flops  # noqa: E402
 from groundup.train.precision import cpu_has_native_bf16  # noqa: E402
 from groundup.train.objective import NextTokenObjective  # noqa: E402
 from groundup.train.state import build_state  # noqa: E402

@@ -30,7 +30,7 @@ from groundup.model.sizing import flops_per_token, param_counts  # noqa: E402
 from groundup.tokens.loader import Batch  # noqa: E402
 from groundup.train.config import TrainConfig  # noqa: E402
 from groundup.train.distributed import Dist  # noqa: E402
-from groundup.train.metrics import peak_flops  # noqa: E402
+from groundup.train.peak import peak_flops  # noqa: E402
 from groundup.train.objective import NextTokenObjective  # noqa: E402
 from groundup.train.state import build_state  # noqa: E402
 from groundup.train.step import train_step  # noqa: E402
@@ -172,7 +172,8 @@ def measure_preset(name: str, device: torch.device, quick: bool, steps: int, war
 
     mcfg = from_dict(ModelConfig, {"name": name, **model})
     fpt = flops_per_token(mcfg, seq)
-    peak, source = peak_flops(device, torch.bfloat16 if bf16 else torch.float32)
+    found = peak_flops(device, torch.bfloat16 if bf16 else torch.float32)
+    peak, source = found.flops, found.source
     build_ours = {f"ours-{o}": (lambda o=o: ours(model, batch, seq, device, o, compile, bf16)) for o in optimizers}
     variants = {"ours-adamw": build_ours.pop("ours-adamw")} if "ours-adamw" in build_ours else {}
     variants["hf-adamw"] = lambda: hugging_face(model, batch, seq, device, compile, bf16)

@@ -21,7 +21,9 @@ post-training verb (groundup.posttrain) runs on the same core with an objective 
     stability.py     data gate, spike skipping, rollback trigger
     time_budget.py   train.time_limit_s: max_steps and cadences re-planned from measured step times
     threads.py       the CPU thread count measured rather than assumed (`train.threads = -1`)
-    metrics.py       metrics.jsonl, progress bar, TensorBoard/W&B, MFU
+    metrics.py       metrics.jsonl, progress bar, TensorBoard/W&B, MFU and HFU (never above 100%)
+    flops.py         the FLOPs a step does: LoRA, frozen layers, recomputed activations
+    peak.py          peak FLOP/s: the GPU table, or a quiet CPU/GPU calibration cached per machine
     commands.py      `groundup train`
 """
 

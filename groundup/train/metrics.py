@@ -6,71 +6,76 @@ before clipping, grad_norm_clipped, tokens_per_sec, mfu, elapsed_s, ...), evalua
 resume, interrupt). Only the main process writes. A checkpoint records the file's length, so a
 resumed run first cuts off the lines written after that checkpoint and the file reads as one run.
 
-MFU = model FLOPs per token (6N + attention, model/sizing.py) x tokens/s / peak FLOP/s of all
-processes. The peak comes from `log.peak_flops`, else a table of known accelerators, else (CPU)
-a short matmul measurement in the compute dtype.
+MFU = the FLOPs per token the step does (train/flops.py: LoRA, frozen layers) x tokens/s / the peak
+FLOP/s of all processes (train/peak.py: `log.peak_flops`, a table of known GPUs, or a quiet calibration
+cached per machine); HFU also counts activations recomputed by checkpointing. `Utilization` keeps both
+at or below 100%; summary.json says where the peak came from.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import time
 from pathlib import Path
 
-import torch
-
 from groundup.errors import ConfigError
+from groundup.io import open_named
 from groundup.layout import METRICS_FILE
+from groundup.train.flops import StepFlops
+from groundup.train.peak import Peak, distrust
 
-# Dense peak FLOP/s per device: (bf16, fp32 as TF32 tensor-core math).
-PEAK_FLOPS = {
-    "H200": (989e12, 494e12),
-    "H100 SXM": (989e12, 494e12),
-    "H100 NVL": (835e12, 418e12),
-    "H100 PCIe": (756e12, 378e12),
-    "H100": (989e12, 494e12),
-    "A100": (312e12, 156e12),
-    "L40S": (362e12, 183e12),
-    "L4": (121e12, 60e12),
-    "A10G": (70e12, 35e12),
-    "RTX 4090": (165e12, 83e12),
-    "MI300X": (1307e12, 654e12),
-}
+class Utilization:
+    """MFU, and HFU where activations are recomputed, of a throughput in tokens/s.
+
+    MFU = tokens/s x the FLOPs per token the step does (train/flops.py) / the peak of all processes
+    (train/peak.py); HFU counts the recomputed forward too. Neither can exceed 100%: a rate that would
+    proves the peak too low (a calibration taken on a busy machine), so the peak is distrusted (a cached
+    calibration forgotten), the run says so once, and MFU is not reported (None) from then on."""
+
+    def __init__(self, flops: StepFlops, peak: Peak, processes: int, note=print):
+        self.flops, self.peak, self.processes, self.note = flops, peak, processes, note
+        self.disproved = False
+
+    @property
+    def total_peak(self) -> float:
+        return self.peak.flops * self.processes
+
+    def of(self, rate: float) -> dict:
+        """{"mfu": ...} (and "hfu" with recomputation) at `rate` tokens/s; None once the peak is disproved."""
+        hfu = rate * self.flops.hardware / self.total_peak
+        if hfu > 1 and not self.disproved:
+            self.disproved = True
+            self.peak = distrust(self.peak, f"{rate:,.0f} tokens/s x {self.flops.hardware:,.0f} FLOPs per token "
+                                            f"is {hfu:.0%} of it")
+            self.note(f"MFU not reported: the peak ({self.peak.source}) is below what the run measurably does")
+        mfu = None if self.disproved else rate * self.flops.model / self.total_peak
+        out = {"mfu": mfu}
+        if self.flops.recompute:
+            out["hfu"] = None if self.disproved else hfu
+        return out
+
+    def summary(self, rate: float) -> dict:
+        """The summary's utilisation keys at the session's rate."""
+        return {**self.of(rate), "flops_per_token": self.flops.model, "flops_per_token_hardware": self.flops.hardware,
+                "peak_flops": self.total_peak, "peak_flops_source": self.peak.source,
+                "peak_flops_reliable": self.peak.reliable}
 
 
-def measure_matmul_flops(dtype: torch.dtype = torch.float32, n: int = 1024, seconds: float = 0.3,
-                         device: str | torch.device = "cpu", shape: tuple[int, int, int] | None = None) -> float:
-    """FLOP/s of (m x k) @ (k x n) matmuls on this device (square n x n unless `shape`)."""
-    m, k, n = shape or (n, n, n)
-    gen = torch.Generator(device=device).manual_seed(0)  # not the global RNG: a resumed run's dropout needs it
-    a = torch.randn(m, k, device=device, generator=gen).to(dtype)
-    b = torch.randn(k, n, device=device, generator=gen).to(dtype)
-    a @ b  # warm up the kernel choice
-    count, start = 0, time.perf_counter()
-    while True:
-        a @ b
-        count += 1
-        if torch.device(device).type == "cuda":
-            torch.cuda.synchronize()
-        elapsed = time.perf_counter() - start
-        if elapsed >= seconds:
-            return 2 * m * k * n * count / elapsed
+def flops_text(flops: float) -> str:
+    """1.062e11 -> "106.2 GFLOP/s"."""
+    for unit, scale in (("TFLOP/s", 1e12), ("GFLOP/s", 1e9), ("MFLOP/s", 1e6)):
+        if flops >= scale:
+            return f"{flops / scale:,.1f} {unit}"
+    return f"{flops:,.0f} FLOP/s"
 
 
-def peak_flops(device: torch.device, dtype: torch.dtype, override: float = 0.0) -> tuple[float, str]:
-    """(peak FLOP/s of one process, where the number came from)."""
-    if override:
-        return override, "log.peak_flops"
-    if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-        for key, (bf16, fp32) in PEAK_FLOPS.items():
-            if key.lower() in name.lower():
-                return (bf16 if dtype == torch.bfloat16 else fp32), f"table: {key}"
-        return measure_matmul_flops(dtype, 4096, 0.5, device), f"measured matmul on {name}"
-    dtype_name = str(dtype).removeprefix("torch.")
-    n = 1024 if dtype == torch.float32 else 256  # bf16 without bf16 instructions is slow: keep it short
-    return measure_matmul_flops(dtype, n), f"measured {dtype_name} matmul on CPU"
+def describe_utilization(summary: dict) -> str:
+    """The closing line's utilisation: "MFU 15.9% of 106.2 GFLOP/s (calibrated ...)", HFU beside it."""
+    peak = f"{flops_text(summary['peak_flops'])} ({summary['peak_flops_source']})"
+    if summary.get("mfu") is None:
+        return f"MFU not reported: peak {peak}"
+    hfu = f" (HFU {summary['hfu']:.1%} with the recomputed forward)" if summary.get("hfu") is not None else ""
+    return f"MFU {summary['mfu']:.1%}{hfu} of {peak}"
 
 
 def check_trackers(tensorboard: bool, wandb: bool) -> None:
@@ -90,7 +95,7 @@ class MetricsLog:
                  run_config: dict | None = None):
         self.enabled = enabled
         self.path = run_dir / METRICS_FILE
-        self.file = open(self.path, "a", encoding="utf-8") if enabled else None
+        self.file = open_named(self.path, "a", encoding="utf-8") if enabled else None  # full disk: names it
         self.bar = None
         if enabled and progress:
             from tqdm import tqdm
@@ -126,7 +131,8 @@ class MetricsLog:
         if self.bar is not None:
             self.bar.set_postfix_str(f"loss {record['loss']:.4f} lr {record['lr']:.2e} gnorm "
                                      f"{record['grad_norm']:.3g} {record['tokens_per_sec']:,.0f} tok/s "
-                                     f"mfu {record['mfu']:.1%}", refresh=False)
+                                     "mfu " + (f"{record['mfu']:.1%}" if record.get("mfu") is not None else "n/a"),
+                                     refresh=False)
 
     def advance(self, steps: int = 1) -> None:
         if self.bar is not None:
