@@ -6,17 +6,23 @@
     OUT/models/aligned-int8  groundup quantize --method int8
     OUT/scorecard/NAME.json  demo/scorecard.py's row for each model
 
-Each training stage gets its `train.time_limit_s` from demo/budget.py when it starts.
+Each training stage gets its `train.time_limit_s` from demo/budget.py when it starts, from the costs
+measured so far (demo/costs.py; every row measured updates them). SFT and alignment always run, and
+alignment only on the SFT model.
 """
 
 from __future__ import annotations
 
 import shutil
+import sys
 from pathlib import Path
 
 from groundup.config import to_toml
 from groundup.data.readers import ReadStats
+from groundup.demo.budget import budget_scale
+from groundup.demo.costs import Costs
 from groundup.demo.scorecard import pick_chats, scaled, score_model
+from groundup.errors import GroundupError
 from groundup.io import atomic_write_json, read_json
 from groundup.layout import SUMMARY_FILE
 from groundup.model.model_dir import load_model_config
@@ -24,17 +30,16 @@ from groundup.posttrain.records import iter_examples
 from groundup.tokenizer import load_tokenizer
 
 CHAT_DOMAINS = ("math", "code", "text")
-FULL_BUDGET_S = 15 * 60  # the scorecard's item counts are given for a 15-minute demo
 
 
 class PostStages:
     def __init__(self, demo):
         self.demo, self.cfg, self.out = demo, demo.cfg, demo.out
         self.runner = demo.runner
-        self.scale = min(1.0, self.cfg.budget_minutes * 60 / FULL_BUDGET_S)
+        self.scale = budget_scale(self.cfg.budget_minutes)
         self._chats: dict | None = None
-        self.rows_done = 0
-        self.row_seconds: float | None = None
+        self.costs: Costs | None = None  # set once the machine and the untrained model's row are measured
+        self.limits: dict[str, float] = {}  # each training stage's final time limit
         self.last_model = self.out / "models" / "base"
 
     # ------------------------------------------------------------------ the report card's rows
@@ -50,9 +55,9 @@ class PostStages:
                                      load_model_config(first).max_seq_len)
         return self._chats
 
-    def score(self, name: str, model: Path, native_math: bool = False, counted: bool = True) -> dict:
-        """The report-card row of `model`; `counted`: one of the rows the budget plans for (the untrained
-        model's row is scored before any plan, to measure what a row costs here)."""
+    def score(self, name: str, model: Path, native_math: bool = False) -> dict:
+        """The report-card row of `model` (OUT/scorecard/NAME.json); a dearer row than any before raises the
+        price of the rows still to come."""
         path = self.out / "scorecard" / f"{name}.json"
 
         def row() -> dict:
@@ -64,9 +69,8 @@ class PostStages:
 
         result = self.runner.run(f"score_{name}", f"Report card: the {name} model", [to_toml(self.cfg.scorecard),
                                  self.scale], [path], row)
-        self.rows_done += counted
-        # The dearest row so far stands for the rows to come: later models write longer replies.
-        self.row_seconds = max(self.row_seconds or 0.0, float(self.runner.state[f"score_{name}"]["seconds"]))
+        if self.costs is not None:
+            self.costs = self.costs.with_row(read_json(path))
         self.last_model = model
         return result
 
@@ -76,48 +80,26 @@ class PostStages:
     # ------------------------------------------------------------------ training stages
 
     def _plan(self, stage: str):
-        plan = self.demo.budget.plan(stage, self.row_seconds, self.rows_done)
-        self.demo.planned(stage, plan)
+        plan = self.demo.budget.plan(stage, self._measured())
+        self.demo.planned(plan)
+        if plan.short:
+            print(f"[{stage}] the budget left ({plan.left:.0f} s) is less than what follows needs at the least "
+                  f"({plan.reserved:.0f} s): {stage} runs its few steps ({plan.seconds:.0f} s) anyway", file=sys.stderr)
         return plan
+
+    def _measured(self) -> Costs:
+        """The costs with how far past its limit each training stage so far ran."""
+        times = self.runner.times()
+        over = [times[s] - limit for s, limit in self.limits.items() if s in times]
+        return self.costs.replace(overrun_s=max(0.0, *over)) if over else self.costs
 
     def _fresh(self, run: Path) -> None:
         if run.exists():  # the demo's own output of an interrupted or changed stage
             shutil.rmtree(run)
 
-    def skipped(self, stage: str, plan, name: str, previous: str) -> bool:
-        """When the budget left nothing for `stage`: OUT/models/NAME is a copy of the previous model and its
-        row the previous row, both marked skipped, in a moment instead of an overrun."""
-        if not (plan.spent and self.cfg.skip_spent_stages):
-            return False
-        o = self.out
-        reason = (f"skipped: {plan.left:.0f} s of the budget left and {plan.reserved:.0f} s needed by what "
-                  f"follows")
-
-        def copy() -> dict:
-            dest = o / "models" / name
-            self._fresh(dest)
-            shutil.copytree(o / "models" / previous, dest)
-            return {"skipped": reason}
-
-        self.runner.run(stage, f"{stage}: {reason}", [plan.left, plan.reserved], [o / "models" / name], copy)
-        path = o / "scorecard" / f"{name}.json"
-
-        def row() -> dict:
-            found = read_json(o / "scorecard" / f"{previous}.json")
-            atomic_write_json(path, {**found, "name": name, "model": str(o / "models" / name), "skipped": reason})
-            return {"seconds": 0.0}
-
-        self.runner.run(f"score_{name}", f"Report card: the {name} model (the {previous} model's row)", [reason],
-                        [path], row)
-        self.rows_done += 1
-        self.last_model = o / "models" / name
-        return True
-
     def sft(self) -> None:
         c, o = self.cfg, self.out
         plan = self._plan("sft")
-        if self.skipped("sft", plan, "sft", "base"):
-            return
         cfg = c.sft
         cfg.base = str(o / "models" / "base")
         cfg.sft.replay_shards = str(o / "tokens")
@@ -132,17 +114,23 @@ class PostStages:
             self.demo.verb("sft", "--config", config, "--out", o / "sft", "--quiet", f"train.time_limit_s={plan.seconds}")
             return _summary(o / "sft")
 
-        self.runner.run("sft", f"Supervised fine-tuning for {plan.seconds:.0f} s", [to_toml(cfg), plan.seconds],
-                        [o / "sft"], run)
+        result = self.runner.run("sft", f"Supervised fine-tuning for {plan.seconds:.0f} s", [to_toml(cfg),
+                                 plan.seconds], [o / "sft"], run)
+        self.limits["sft"] = plan.seconds
+        if not (result or {}).get("steps"):
+            raise GroundupError(f"{o / 'sft'}: SFT made no step; the demo stops rather than align a model that "
+                                "has not had SFT")
         self.runner.run("export_sft", "SFT model -> OUT/models/sft", [], [o / "models" / "sft"],
                         lambda: str(self.demo.export(o / "sft", "sft")))
         self.score("sft", o / "models" / "sft")
 
     def align(self) -> None:
         c, o = self.cfg, self.out
+        sft = self.runner.state.get("sft", {})
+        if sft.get("status") != "done" or not (sft.get("result") or {}).get("steps") or \
+                not (o / "models" / "sft").is_dir():
+            raise GroundupError(f"{o}: alignment runs on the SFT model only, and no SFT stage finished here")
         plan = self._plan("align")
-        if self.skipped("align", plan, "aligned", "sft"):
-            return
         if c.align == "grpo":
             cfg = c.grpo
             cfg.base = str(o / "models" / "sft")
@@ -176,6 +164,7 @@ class PostStages:
 
         self.runner.run("align", f"Alignment ({c.align}) for {plan.seconds:.0f} s", [c.align, to_toml(cfg),
                         to_toml(c.pairs), plan.seconds], [o / "align"], run)
+        self.limits["align"] = plan.seconds
         self.runner.run("export_aligned", "Aligned model -> OUT/models/aligned", [], [o / "models" / "aligned"],
                         lambda: str(self.demo.export(o / "align", "aligned")))
         self.score("aligned", o / "models" / "aligned")

@@ -5,6 +5,7 @@
     OUT/curated/        filtered, deduplicated, mixed shards                (groundup data curate)
     OUT/tokenizer/      byte-level BPE                                      (groundup tokenizer train)
     OUT/tokens/         token shards; whole Shakespeare works held out      (groundup data tokenize)
+    OUT/measure         this machine's speed now: a training step, a float and an int8 forward (demo/measure.py)
     OUT/run/            pretraining, fitted to its share of the budget      (groundup train)
     OUT/sft/            supervised fine-tuning on the chat data             (groundup sft)
     OUT/align/          GRPO on arithmetic (or DPO on sampled pairs)        (groundup grpo / data pairs + dpo)
@@ -15,37 +16,46 @@
 
 Each stage runs the stage's own CLI verb on a config file the demo writes to OUT/configs/, so the
 exact commands are in OUT/commands.sh and each stage can be rerun by hand. How the budget is split
-between the stages: demo/budget.py.
+between the stages: demo/budget.py; what is measured for it: demo/costs.py; how pretraining's limit
+follows the load while it runs: demo/watch.py (OUT/pretrain_limit.json is its train.time_limit_file).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 import shutil
 import sys
+import time
 from pathlib import Path
 
 from groundup.cli import main as cli
 from groundup.config import save_config, to_toml
 from groundup.demo.budget import DemoBudget
 from groundup.demo.config import DemoConfig
+from groundup.demo.costs import Costs
+from groundup.demo.measure import measure_machine, train_step_seconds
 from groundup.demo.post import PostStages
 from groundup.demo.stages import StageRunner, banner
+from groundup.demo.watch import PretrainWatch
 from groundup.errors import GroundupError
 from groundup.infer import Generator
-from groundup.io import atomic_write_json, atomic_write_text, ensure_writable_dir, read_json
-from groundup.layout import (MODEL_CONFIG_FILE, SUMMARY_FILE, TOKENIZER_DIR, WEIGHTS_FILE, find_tokenizer_dir,
-                             resolve_model_dir)
+from groundup.io import atomic_write_json, atomic_write_text, read_json
+from groundup.layout import (MODEL_CONFIG_FILE, SUMMARY_FILE, TOKENIZER_DIR, WEIGHTS_FILE, claim_output_dir,
+                             find_tokenizer_dir, resolve_model_dir)
 from groundup.model import Transformer
 from groundup.model.model_dir import save_model
 from groundup.report import write_report
 from groundup.tokenizer import load_tokenizer
 from groundup.train.threads import fastest_threads
+from groundup.train.time_budget import write_time_limit
+
+LIMIT_FILE = "pretrain_limit.json"  # pretraining's train.time_limit_file, moved by demo/watch.py
 
 
 class Demo:
     def __init__(self, cfg: DemoConfig, out: Path, fresh: bool = False):
-        self.cfg, self.out = cfg, ensure_writable_dir(out)
+        self.cfg, self.out = cfg, claim_output_dir(out, "demo", mark=True)
         self.runner = StageRunner(self.out, fresh=fresh)
         self.runner.prepare = self._threads
         self.budget = DemoBudget(cfg, self.runner)
@@ -94,23 +104,36 @@ class Demo:
               + ")", file=sys.stderr)
         return {"threads": best}
 
-    def planned(self, stage: str, plan) -> None:
-        self.plans[stage] = {"seconds": plan.seconds, "budget_left": plan.left, "reserved": plan.reserved}
+    def planned(self, plan) -> None:
+        self.plans[plan.stage] = plan.to_dict()
 
     # ------------------------------------------------------------------ stages
 
     def run(self) -> Path:
         c, o = self.cfg, self.out
+        if not self.runner.state and c.short_budget == "refuse":
+            self._early_check()
         self.data_stages()
         post = PostStages(self)
         self.runner.run("untrained", "Untrained model -> OUT/models/untrained", to_toml(c.pretrain.model),
                         [o / "models" / "untrained"], self._untrained)
-        post.score("untrained", o / "models" / "untrained", counted=False)
-        plan = self.budget.plan("pretrain", post.row_seconds)
-        self.planned("pretrain", plan)
+        t = c.pretrain.train
+        machine = self.runner.run("measure", "Measure this machine now: a training step, float and int8 forwards",
+                                  [t.batch_size, t.seq_len], [], lambda: measure_machine(o / "models" / "untrained",
+                                                                                         t.batch_size, t.seq_len))
+        post.score("untrained", o / "models" / "untrained")
+        post.costs = Costs.measured(machine, read_json(o / "scorecard" / "untrained.json"))
+        plan = self.budget.plan("pretrain", post.costs)
+        self.planned(plan)
+        print(f"[plan] pretraining {plan.seconds:.0f} s of the {plan.left:.0f} s left; kept for what follows at the "
+              f"least: {plan.reserved:.0f} s (" + ", ".join(f"{s} {v:.0f} s" for s, v in plan.least.items())
+              + f", rows {plan.rows:.0f} s; load {plan.load:.1f} per core)", file=sys.stderr)
+        if plan.short and c.short_budget == "refuse":
+            raise GroundupError(self.budget.refusal(plan))
         pretrain_file = self._pretrain_file()
-        self.runner.run("pretrain", f"Pretrain for {plan.seconds:.0f} s", [to_toml(c.pretrain), plan.seconds],
-                        [o / "run"], lambda: self._pretrain(pretrain_file, plan.seconds))
+        result = self.runner.run("pretrain", f"Pretrain for {plan.seconds:.0f} s", [to_toml(c.pretrain), plan.seconds],
+                                 [o / "run"], lambda: self._pretrain(pretrain_file, plan, post.costs))
+        self._pretrained(plan, result, post)
         self.runner.run("export_base", "Base model -> OUT/models/base", [], [o / "models" / "base"],
                         lambda: str(self.export(o / "run", "base")))
         post.score("base", o / "models" / "base", native_math=True)
@@ -121,6 +144,20 @@ class Demo:
                 post.align()
                 post.quantize()
         return self.finish(post)
+
+    def _early_check(self) -> None:
+        """Before the first stage of a fresh demo: refuse a budget that clearly cannot hold the chain."""
+        model = dataclasses.replace(self.cfg.pretrain.model, vocab_size=self.cfg.tokenizer.vocab_size)
+        started = time.perf_counter()
+        self._threads()
+        t = self.cfg.pretrain.train
+        step_s = train_step_seconds(Transformer(model), t.batch_size, t.seq_len, rounds=2)
+        self.budget.spent_before = time.perf_counter() - started
+        print(f"[plan] a training step of the pretraining model takes {step_s:.2f} s here now: the chain needs "
+              f"about {self.budget.early_least(step_s):.0f} s at the least", file=sys.stderr)
+        refusal = self.budget.early_refusal(step_s)
+        if refusal:
+            raise GroundupError(refusal)
 
     def data_stages(self) -> None:
         c, o = self.cfg, self.out
@@ -157,8 +194,6 @@ class Demo:
     def _untrained(self) -> str:
         """The pretraining model at its initialisation: the report card's reference row, and scoring it
         measures what a row costs on this machine now, before the pretraining time is planned."""
-        import dataclasses
-
         import torch
 
         c = self.cfg.pretrain
@@ -176,18 +211,35 @@ class Demo:
         tmp.rename(dest)
         return str(dest)
 
-    def _pretrain(self, config: Path, seconds: float) -> dict:
-        run = self.out / "run"
-        limit = f"train.time_limit_s={seconds}"
-        if (run / "checkpoints").is_dir():  # an interrupted demo: continue the run exactly
-            self.verb("train", "--resume", run, "--config", config, limit)
-        else:
-            if run.exists():
-                shutil.rmtree(run)
-            self.verb("train", "--config", config, "--out", run, limit)
+    def _pretrain(self, config: Path, plan, costs: Costs) -> dict:
+        """Pretraining, its limit re-planned while it runs as its steps measure the machine (demo/watch.py)."""
+        run, limit_file = self.out / "run", self.out / LIMIT_FILE
+        write_time_limit(limit_file, plan.seconds)
+        limit = [f"train.time_limit_s={plan.seconds}", f"train.time_limit_file={limit_file}"]
+
+        def replan(rate: float, slowdown: float) -> float:
+            return self.budget.plan("pretrain", costs.replace(train_tps=rate, slowdown=slowdown), left=plan.left).seconds
+
+        with PretrainWatch(run / "metrics.jsonl", limit_file, plan.seconds, replan) as watch:
+            if (run / "checkpoints").is_dir():  # an interrupted demo: continue the run exactly
+                self.verb("train", "--resume", run, "--config", config, *limit)
+            else:
+                if run.exists():
+                    shutil.rmtree(run)
+                self.verb("train", "--config", config, "--out", run, *limit)
         summary = read_json(run / SUMMARY_FILE)
-        return {k: summary.get(k) for k in ("steps", "tokens", "val_bpb", "tokens_per_sec", "wall_time_s", "replans",
-                                            "time_limit_reached")}
+        return {**{k: summary.get(k) for k in ("steps", "tokens", "val_bpb", "tokens_per_sec", "wall_time_s",
+                                               "replans", "time_limit_reached", "time_limit_s")},
+                "moves": watch.moves, "rate": watch.rate,
+                "slowdown": round(watch.slowdown, 3) if watch.rate else None}  # None: too few steps to tell
+
+    def _pretrained(self, plan, result: dict, post: PostStages) -> None:
+        """What pretraining measured goes into the plans of the stages after it."""
+        self.plans["pretrain"].update(moves=result.get("moves", []), final_seconds=result.get("time_limit_s"),
+                                      slowdown=result.get("slowdown"))
+        post.limits["pretrain"] = result.get("time_limit_s") or plan.seconds
+        if result.get("rate"):
+            post.costs = post.costs.replace(train_tps=result["rate"], slowdown=result.get("slowdown") or 1.0)
 
     def _samples(self) -> None:
         s = self.cfg.samples
@@ -208,7 +260,8 @@ class Demo:
         atomic_write_text(o / "commands.sh", "#!/usr/bin/env bash\n# The commands the demo ran.\nset -e\n"
                           + "\n".join(self.commands) + "\n")
         atomic_write_json(o / "budget.json", {"budget_s": self.budget.total, "stages": self.runner.times(),
-                                              "plans": self.plans})
+                                              "plans": self.plans,
+                                              "costs": post.costs.to_dict() if post.costs else None})
         banner("Report card")
 
         path = write_report(o, title="groundup demo")
@@ -223,3 +276,4 @@ class Demo:
 
 def run_demo(cfg: DemoConfig, out: str | Path, fresh: bool = False) -> Path:
     return Demo(cfg, Path(out), fresh=fresh).run()
+

@@ -111,6 +111,10 @@ def score_model(path: str | Path, *, tokens: str | Path, chats: dict[str, list],
     row["exact_match_strict"] = found.get("exact_match_strict")
     row["exact_match_lenient"] = found.get("exact_match_lenient")
     row["math_problems"] = found.get("answered", 0)
+    # The work each timed part did, so the budget can price a token (demo/costs.py): replies run to the
+    # token limit at most (an untrained model's always do).
+    row["work"] = {"bpb_tokens": bpb.get("tokens", 0), "replies": found.get("replies", 0),
+                   "reply_tokens": found.get("replies", 0) * cfg.max_new_tokens}
     lap("chats")
     if native_math:
         native = native_math_metrics(model, tok, chats.get("math", []), cfg.max_new_tokens)

@@ -65,18 +65,52 @@ def budget_section(budget: dict, stages: dict) -> list[str]:
     rows = []
     for name, plan in plans.items():
         actual = (stages.get(name) or {}).get("seconds")
-        rows.append([name, f"{plan['seconds']:.0f}", "-" if actual is None else f"{actual:.0f}",
-                     f"{plan['budget_left']:.0f}", f"{plan['reserved']:.0f}"])
+        final = plan.get("final_seconds") or plan["seconds"]
+        limit = f"{plan['seconds']:.0f}" + (f" -> {final:.0f}" if abs(final - plan["seconds"]) >= 0.5 else "")
+        rows.append([name, limit, "-" if actual is None else f"{actual:.0f}", f"{plan['budget_left']:.0f}",
+                     f"{plan['reserved']:.0f}", _f((plan.get("least") or {}).get(name), 0)])
     out = ["## Time budget", "",
            f"{used:.0f} s of the {total:.0f} s budget used ({100 * used / total:.0f}%)." if total else "", ""]
     if rows:
-        out += ["Each training stage's time limit was set when it started: the budget left, less what is "
-                "still to come (the report-card rows at the dearest row measured so far, the untrained model's "
-                "row standing in before pretraining; each later training stage's start-up and final evaluation "
-                "as measured on the stages before; quantization and the report), split by the shares in the "
-                "demo's config (docs/demo-recipe.md says how they were chosen).", ""]
-        out += markdown_table(["training stage", "limit (s)", "took (s)", "budget left at start (s)", "kept for later (s)"], rows)
+        out += ["Each training stage's time limit was set when it started: its least (start-up, a few steps and "
+                "its evaluations, at this machine's measured speed), plus its share of what the budget left "
+                "after the least of everything still to come (the other training stages' few steps, the "
+                "report-card rows at their measured price, quantization and the report), split by the shares "
+                "in the demo's config (docs/demo-recipe.md says how they were chosen).", ""]
+        out += markdown_table(["training stage", "limit (s)", "took (s)", "budget left at start (s)",
+                               "kept for it and what follows (s)", "its least (s)"], rows)
+        out += ["", " ".join(_load_notes(plans, budget.get("costs") or {})), ""]
     return out
+
+
+def _load_notes(plans: dict, costs: dict) -> list[str]:
+    """How the machine's load changed the plan, in words."""
+    notes = []
+    first = plans.get("pretrain")
+    if first:
+        least = ", ".join(f"{s} {v:.0f} s" for s, v in (first.get("least") or {}).items())
+        notes.append(f"When pretraining was planned the load was {first.get('load', 1):.1f} per core; the least "
+                     f"of each training stage at that speed was {least}, and the report-card rows to come "
+                     f"{first.get('rows', 0):.0f} s.")
+        moves = first.get("moves") or []
+        if moves:
+            steps = "; ".join(f"after {m['after_s']:.0f} s, {m['slowdown']:.2f}x the planned step time: "
+                              f"{m['from_s']:.0f} -> {m['to_s']:.0f} s" for m in moves)
+            notes.append(f"While it ran, its own steps measured the machine and its limit was re-planned with "
+                         f"every cost still to come scaled to match ({steps}).")
+        elif first.get("slowdown") is not None:
+            notes.append(f"While it ran the machine's speed held ({first['slowdown']:.2f}x the planned step time "
+                         "at the end), and its limit stayed.")
+        else:
+            notes.append("It made too few steps for its own speed to be measured while it ran, and its limit stayed.")
+    for name, plan in plans.items():
+        if plan.get("short"):
+            notes.append(f"{name}: the budget left ({plan['budget_left']:.0f} s) was less than the least of what "
+                         f"followed ({plan['reserved']:.0f} s), so it ran its few steps anyway, past the budget.")
+    if costs.get("int8_ratio"):
+        notes.append(f"An int8 forward measured {costs['int8_ratio']:.1f}x a float one here, and the quantized "
+                     "model's row was reserved at that price.")
+    return notes
 
 
 def heldout_section(index: dict) -> list[str]:

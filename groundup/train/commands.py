@@ -25,11 +25,12 @@ def load_run_config(cls, args: argparse.Namespace, extra: list[str] = ()):
     or --config, then the overrides). Sets args.run_dir and args.resuming."""
     from groundup.config import apply_overrides, load_config, read_toml, saved_config
     from groundup.errors import CheckpointError
-    from groundup.layout import RUN_CONFIG_FILE
+    from groundup.layout import RUN_CONFIG_FILE, claim_output_dir
 
     args.run_dir, args.resuming = resolve_output(args)
     overrides = list(extra) + list(args.overrides) + (["log.progress=false"] if args.quiet else [])
     if args.resuming:
+        claim_output_dir(args.run_dir, cls.verb, resume=True)  # another verb's run: refused before its config is read
         if args.config is not None:
             return load_config(cls, args.config, overrides)
         saved = args.run_dir / RUN_CONFIG_FILE
@@ -43,14 +44,16 @@ def print_summary(summary: dict, verb: str = "train") -> int:
     """The closing lines of a training verb; the exit code (128 + signal when interrupted)."""
     if os.environ.get("RANK", "0") != "0":  # under torchrun the main process reports
         return 0
+    from groundup.train.metrics import describe_utilization
+
     val = ""
     if summary.get("val_bpb") is not None:
         val = f", val loss {summary['val_loss']:.4f}, val bpb {summary['val_bpb']:.4f}"
     elif summary.get("eval"):
         val = "".join(f", {k} {v:.4f}" for k, v in summary["eval"].items() if isinstance(v, float))
     print(f"{summary['run_dir']}: {summary['steps']} steps, {summary['tokens']:,} tokens, train loss "
-          f"{summary['train_loss']:.4f}{val}; {summary['tokens_per_sec']:,.0f} tokens/s, MFU {summary['mfu']:.1%}, "
-          f"{summary['wall_time_s']:.0f} s")
+          f"{summary['train_loss']:.4f}{val}; {summary['tokens_per_sec']:,.0f} tokens/s, "
+          f"{describe_utilization(summary)}, {summary['wall_time_s']:.0f} s")
     if summary["skipped_steps"] or summary["gated_sequences"] or summary["rollbacks"]:
         print(f"  stability: {summary['skipped_steps']} skipped steps, {summary['gated_sequences']} sequences "
               f"dropped by the data gate, {summary['rollbacks']} rollbacks")

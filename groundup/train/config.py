@@ -43,12 +43,17 @@ class StepsConfig:
     # first guess: after a few steady steps the run re-plans max_steps (and the eval and checkpoint
     # cadence, in proportion) to end on time, again while the schedule allows, and stops at the limit.
     time_limit_s: float = 0.0
+    # A JSON file {"time_limit_s": ...} another process may rewrite to move that limit while the run
+    # trains (the demo does, as the load changes); "" = none (train/time_budget.py)
+    time_limit_file: str = ""
     steps_from_epochs: ClassVar[bool] = False  # post-training: max_steps = 0 derives them from the epochs
     min_seq_len: ClassVar[int] = 1  # post-training: seq_len = 0 is the base model's context
 
     def validate(self) -> None:
         if not (self.time_limit_s >= 0 and math.isfinite(self.time_limit_s)):
             fail("time_limit_s", self.time_limit_s, "0 (no limit) or a positive number of seconds")
+        if self.time_limit_file and not self.time_limit_s:
+            fail("time_limit_file", self.time_limit_file, "a file only with a time_limit_s for it to move")
         if self.max_steps < (0 if self.steps_from_epochs else 1):
             fail("max_steps", self.max_steps, "0 (derived from the epochs) or a positive step count"
                  if self.steps_from_epochs else "a positive integer")
@@ -221,10 +226,14 @@ class ValidationConfig(EvalConfig):
 class LogConfig:
     every: int = 10  # steps between metrics.jsonl lines (and progress-bar updates)
     progress: bool = True  # progress bars on the terminal; --quiet sets it false
-    peak_flops: float = 0.0  # per process, for MFU; 0: known accelerator table, or a CPU matmul measurement
+    peak_flops: float = 0.0  # per process, for MFU; 0: the GPU table, or a quiet calibration cached (train/peak.py)
     tensorboard: bool = False  # write RUN/tensorboard (needs the tensorboard package)
     wandb: bool = False  # log to Weights & Biases (needs wandb and a login)
     wandb_project: str = "groundup"  # Weights & Biases project the run logs to
+
+    def validate(self) -> None:
+        if not (self.peak_flops >= 0 and math.isfinite(self.peak_flops)):
+            fail("peak_flops", self.peak_flops, "0 (the GPU table or a calibration) or a positive FLOP/s, e.g. 1e14")
 
 
 @dataclass

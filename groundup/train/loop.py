@@ -25,11 +25,12 @@ from groundup.config import save_config, saved_config
 from groundup.errors import CheckpointError, TrainingError
 from groundup.io import atomic_write_json
 from groundup.layout import RUN_CONFIG_FILE, SUMMARY_FILE, checkpoint_problem, find_intact_checkpoint, list_checkpoints
-from groundup.model.sizing import flops_per_token
 from groundup.train import checkpoint as ckpt
 from groundup.train.config import check_compatible
 from groundup.train.distributed import Dist, init_distributed
-from groundup.train.metrics import MetricsLog, peak_flops, truncate_metrics
+from groundup.train.flops import step_flops
+from groundup.train.metrics import MetricsLog, Utilization, truncate_metrics
+from groundup.train.peak import peak_flops
 from groundup.train.state import TrainState, restore_state, save_state
 from groundup.train.step import train_step
 from groundup.train.threads import ThreadTuner
@@ -234,17 +235,24 @@ def _log_data_events(state: TrainState, log: MetricsLog, r) -> None:
 
 def _loop(state: TrainState, log: MetricsLog, stop: dict, began: float) -> dict:
     cfg, d = state.cfg, state.dist
-    fpt = flops_per_token(state.model_cfg, state.seq_len)
     compute_dtype = torch.float32 if state.precision.emulate else state.precision.compute_dtype
-    peak, peak_source = peak_flops(d.device, compute_dtype, cfg.log.peak_flops)
-    peak *= d.processes  # every accelerator, tensor-parallel ones included
+    # The FLOPs this step does (LoRA, frozen layers, recomputation) over every accelerator's peak, tensor-
+    # parallel ones included; the main process alone calibrates a peak, so no two measure at once.
+    peak = d.broadcast(peak_flops(d.device, compute_dtype, cfg.log.peak_flops) if d.is_main else None)
+    util = Utilization(step_flops(state.precision.compute, state.seq_len, cfg.train.grad_checkpointing), peak,
+                       d.processes, log.note)
     interval_time, interval_tokens, session_time, session_tokens = 0.0, 0, 0.0, 0
     last_eval: dict = {}
     last_loss, interrupted, start_step = float("nan"), None, state.step
-    budget, timed_out = TimeBudget(cfg.train.time_limit_s, began, state.step), False
+    budget, timed_out = TimeBudget(cfg.train.time_limit_s, began, state.step, cfg.train.time_limit_file), False
     tuner = ThreadTuner(cfg.train.threads == -1 and d.device.type == "cpu", state.model_cfg.d_model)
     while state.step < cfg.train.max_steps:
         started = time.perf_counter()
+        moved = budget.refresh()  # train.time_limit_file: another process moved the limit
+        if moved:
+            log.write({**moved, "step": state.step})
+            log.note(f"step {state.step}: " + (f"time limit moved to {budget.limit:g} s" if "time_limit_s" in moved
+                                               else f"{moved['file']} ignored: {moved['reason']}"))
         out_of_time = budget.should_stop(cfg.eval.at_end)
         r = train_step(state, bool(stop) or out_of_time)
         took = time.perf_counter() - started
@@ -270,7 +278,7 @@ def _loop(state: TrainState, log: MetricsLog, stop: dict, began: float) -> dict:
         if state.step % cfg.log.every == 0 or state.step in (1, cfg.train.max_steps) or r.stop:
             rate = interval_tokens / interval_time if interval_time else 0.0
             log.step({"step": state.step, "tokens": state.tokens, **r.metrics, "lr": r.lr, "grad_norm": r.grad_norm,
-                      "grad_norm_clipped": r.grad_norm_clipped, "tokens_per_sec": rate, "mfu": rate * fpt / peak,
+                      "grad_norm_clipped": r.grad_norm_clipped, "tokens_per_sec": rate, **util.of(rate),
                       "elapsed_s": state.elapsed, "skipped": state.guard.skipped, "gated": state.gated})
             interval_time, interval_tokens = 0.0, 0
         if r.broken or (r.skipped and state.guard.should_roll_back()):
@@ -296,8 +304,8 @@ def _loop(state: TrainState, log: MetricsLog, stop: dict, began: float) -> dict:
             saved = _save(state, log, budget)
             if timed_out:
                 log.write({"event": "time_limit", "step": state.step, "max_steps": cfg.train.max_steps,
-                           "time_limit_s": cfg.train.time_limit_s})
-                log.note(f"train.time_limit_s ({cfg.train.time_limit_s:g} s) reached at step {state.step} of "
+                           "time_limit_s": budget.limit})
+                log.note(f"train.time_limit_s ({budget.limit:g} s) reached at step {state.step} of "
                          f"{cfg.train.max_steps}: saved {saved or 'a checkpoint'}")
                 break
             if r.stop and not time_flag:
@@ -311,12 +319,12 @@ def _loop(state: TrainState, log: MetricsLog, stop: dict, began: float) -> dict:
         "train_loss": last_loss, "val_loss": last_eval.get("val_loss"), "val_bpb": last_eval.get("val_bpb"),
         "val_bpb_domains": {k.split("/", 1)[1]: v for k, v in last_eval.items() if k.startswith("val_bpb/")},
         "eval": {k: v for k, v in last_eval.items() if k not in ("step", "tokens")},
-        "tokens_per_sec": rate, "mfu": rate * fpt / peak, "peak_flops": peak, "peak_flops_source": peak_source,
+        "tokens_per_sec": rate, **util.summary(rate),
         "train_time_s": state.elapsed, "wall_time_s": time.time() - began, "session_steps": state.step - start_step,
         "skipped_steps": state.guard.skipped, "gated_sequences": state.gated, "rollbacks": state.guard.rollbacks,
         "interrupted": interrupted, "precision": state.precision.mode, "world_size": d.world_size,
         "strategy": d.strategy, "tp": d.tp, "processes": d.processes, "max_steps": cfg.train.max_steps,
-        "time_limit_s": cfg.train.time_limit_s, "time_limit_reached": timed_out,
+        "time_limit_s": budget.limit, "time_limit_reached": timed_out,
         "replans": budget.plans, "threads": torch.get_num_threads(), "checkpoint_saves": budget.saves,
         "checkpoint_async": d.sharded and bool(getattr(getattr(cfg, "checkpoint", None), "async_save", False)),
     }

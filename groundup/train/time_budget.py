@@ -16,14 +16,24 @@ checkpoint, and saves both: the limit is never overrun by more than one step.
 
 Each plan is a metrics.jsonl event {"event": "replan", ...} and rewrites RUN/config.toml, so a
 resumed run continues with the plan's max_steps.
+
+`train.time_limit_file` lets another process move the limit while the run trains (the demo shortens
+pretraining when the machine slows down and the stages after it will need longer): a JSON file
+{"time_limit_s": seconds} (write_time_limit), read within REFRESH_S of a change. A moved deadline is
+a drift like any other: the run re-plans to it while the schedule allows, and always stops by it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 import time
 from collections import deque
+from pathlib import Path
+
+from groundup.errors import GroundupError
+from groundup.io import atomic_write_json, read_json
 
 WARMUP_STEPS = 2  # steps of a session left out of the step time (allocation, kernel warm-up)
 FIRST_PLAN_AFTER = 5  # steady steps timed before the first plan
@@ -33,12 +43,22 @@ DRIFT = 0.03  # re-plan when the projected end moves by more than this share of 
 OVERHEAD_SHARE = 0.2  # at most this share of the time left goes to periodic evaluations and checkpoints
 MIN_STEPS_BETWEEN_PLANS = 10  # new step times a re-plan needs (fewer: noise, not a change)
 CHECKS = 40  # times per run the projection is checked (a broadcast from the main process each)
+REFRESH_S = 1.0  # train.time_limit_file is looked at no more often than this
+
+
+def write_time_limit(path: str | Path, seconds: float) -> None:
+    """Move the limit of the run that reads `path` as its train.time_limit_file."""
+    atomic_write_json(Path(path), {"time_limit_s": round(float(seconds), 1)})
 
 
 class TimeBudget:
-    def __init__(self, limit_s: float, began: float, start_step: int):
+    def __init__(self, limit_s: float, began: float, start_step: int, limit_file: str = ""):
         self.limit = limit_s
+        self.began = began
         self.deadline = began + limit_s
+        self.limit_file = Path(limit_file) if limit_file else None
+        self._file_seen: tuple[int, int] | None = None  # (mtime_ns, size) of the version last read
+        self._file_checked = 0.0
         self.start_step = start_step
         self.steps: deque[float] = deque(maxlen=WINDOW)
         self.last_step_s: float | None = None  # any step's, warm-up included
@@ -51,6 +71,34 @@ class TimeBudget:
     @property
     def enabled(self) -> bool:
         return self.limit > 0
+
+    def refresh(self) -> dict | None:
+        """A metrics.jsonl event when train.time_limit_file changed since it was read: the limit moved, or
+        the new version was ignored (and why); None when nothing changed."""
+        now = time.monotonic()
+        if self.limit_file is None or not self.enabled or now - self._file_checked < REFRESH_S:
+            return None
+        self._file_checked = now
+        try:
+            st = self.limit_file.stat()
+        except OSError:
+            return None
+        if (st.st_mtime_ns, st.st_size) == self._file_seen:
+            return None
+        self._file_seen = (st.st_mtime_ns, st.st_size)
+        try:
+            seconds = read_json(self.limit_file)["time_limit_s"]
+            if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not (
+                    math.isfinite(seconds) and seconds > 0):
+                raise ValueError(f"time_limit_s is {seconds!r}, not a positive number of seconds")
+        except (GroundupError, KeyError, TypeError, ValueError) as e:
+            why = "no time_limit_s key" if isinstance(e, KeyError) else str(e)
+            return {"event": "time_limit_file_ignored", "file": str(self.limit_file), "reason": why}
+        if seconds == self.limit:
+            return None
+        previous, self.limit = self.limit, float(seconds)
+        self.deadline = self.began + self.limit
+        return {"event": "time_limit_moved", "time_limit_s": self.limit, "previous_s": previous}
 
     # --------------------------------------------------------------- measurements
 
