@@ -4,6 +4,7 @@ rejection-sampling fine-tuning in rounds."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 
 import pytest
@@ -277,6 +278,13 @@ def test_pairs_stopped_part_way_resume_to_the_same_file(root, tmp_path, monkeypa
         pairs_run(root, out)
     with pytest.raises(DataError, match=r"cannot resume.*seed: 0 -> 1"):
         pairs_run(root, out, "--resume", "--seed", "1")
+    progress = tmp_path / "p.jsonl.progress.json"
+    for key, value, where in (("bytes", "12", "bytes"), ("prompts_done", -1, "prompts_done"), ("counts", [], "counts"),
+                              ("counts", {"kept": "3"}, "counts.kept"), ("failure_examples", None, "failure_examples")):
+        progress.write_text(json.dumps({**record, key: value}))  # valid JSON of the wrong shape: one line
+        with pytest.raises(DataError, match=rf"p.jsonl.progress.json: key '{re.escape(where)}' = .*: expected"):
+            pairs_run(root, out, "--resume")
+    progress.write_text(json.dumps(record))
     with partial.open("ab") as f:
         f.write(b'{"prompt": "half-writ')  # a chunk cut off mid-write: dropped and redone
     monkeypatch.setattr(sampled, "make_pairs", real)

@@ -110,6 +110,7 @@ class SamplingJob:
         state = read_json(self.record, dict)
         if state.get("version") != PROGRESS_VERSION or not isinstance(state.get("settings"), dict):
             raise DataError(f"{self.record}: not a progress record of this version of groundup; {self.restart_hint}")
+        _check_progress_types(self.record, state, self.restart_hint)
         changed = [k for k in sorted(set(state["settings"]) | set(self.settings))
                    if state["settings"].get(k) != self.settings.get(k)]
         if changed:
@@ -171,3 +172,19 @@ class SamplingJob:
                 atomic_write_json(self.record, state)
                 bar.update(len(part))
         return state
+
+
+_PROGRESS_TYPES = {"prompts_done": int, "bytes": int, "counts": dict, "reward_failures": int, "failure_examples": list}
+
+
+def _check_progress_types(path, state: dict, hint: str) -> None:
+    """A progress record edited or damaged into other types is one line naming the key, never a traceback."""
+    for key, kind in _PROGRESS_TYPES.items():
+        value = state.get(key)
+        if not isinstance(value, kind) or isinstance(value, bool) or (kind is int and value < 0):
+            want = "a whole number >= 0" if kind is int else f"a JSON {'object' if kind is dict else 'array'}"
+            raise DataError(f"{path}: key {key!r} = {value!r}: expected {want}; {hint}")
+    bad = [k for k, v in state["counts"].items() if not isinstance(v, int) or isinstance(v, bool)]
+    if bad:
+        raise DataError(f"{path}: key 'counts.{bad[0]}' = {state['counts'][bad[0]]!r}: expected a whole number; {hint}")
+
