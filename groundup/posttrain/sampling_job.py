@@ -184,7 +184,7 @@ def _check_progress_types(path, state: dict, hint: str) -> None:
         if not isinstance(value, kind) or isinstance(value, bool) or (kind is int and value < 0):
             want = "a whole number >= 0" if kind is int else f"a JSON {'object' if kind is dict else 'array'}"
             raise DataError(f"{path}: key {key!r} = {value!r}: expected {want}; {hint}")
-    bad = [k for k, v in state["counts"].items() if not isinstance(v, int) or isinstance(v, bool)]
+    bad = [k for k, v in state["counts"].items() if not isinstance(v, (int, float)) or isinstance(v, bool)]
     if bad:
-        raise DataError(f"{path}: key 'counts.{bad[0]}' = {state['counts'][bad[0]]!r}: expected a whole number; {hint}")
+        raise DataError(f"{path}: key 'counts.{bad[0]}' = {state['counts'][bad[0]]!r}: expected a number; {hint}")
 
