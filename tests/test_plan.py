@@ -264,6 +264,8 @@ def test_one_gpu_plans_a_plain_module():
     (dict(tp=3), "tp", "n_heads (32)"),
     (dict(tp=16, gpus=16), "tp", "n_kv_heads (8)"),
     (dict(mfu=1.5), "mfu", "fraction"),
+    (dict(tokens=float("nan")), "tokens", "positive number of tokens"),  # the library, not only the CLI
+    (dict(tokens=float("inf")), "tokens", "positive number of tokens"),
     (dict(fsdp_accumulate="shard"), "fsdp_accumulate", "did you mean 'sharded'"),
 ])
 def test_bad_input_names_the_option(kwargs, key, words):

@@ -138,7 +138,7 @@ def _check(cfg: TrainConfig, gpus: int, mfu: float, tokens: float | None, headro
         raise ConfigError(f"--gpus-per-node = {gpus_per_node!r}: expected a positive number", key="gpus_per_node")
     if not 0 < mfu <= 1:
         raise ConfigError(f"--mfu = {mfu!r}: expected a fraction in (0, 1], e.g. 0.4", key="mfu")
-    if tokens is not None and tokens <= 0:
+    if tokens is not None and not 0 < tokens < float("inf"):  # also NaN, which no comparison catches
         raise ConfigError(f"--tokens = {tokens!r}: expected a positive number of tokens", key="tokens")
     if not 0 <= headroom < 1:
         raise ConfigError(f"--headroom = {headroom!r}: expected a fraction in [0, 1)", key="headroom")
