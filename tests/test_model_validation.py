@@ -74,6 +74,19 @@ def test_every_verb_that_reads_weights_refuses_nan_naming_the_tensor(broken, tmp
     assert not out.exists()
 
 
+def test_weights_that_overflow_float16_are_refused_not_loaded_as_infinity(tmp_path):
+    from groundup.errors import CheckpointError
+    from groundup.model.model_dir import load_float_model
+
+    model = tiny_model()
+    with torch.no_grad():
+        model.blocks[1].mlp.down_proj.weight[0, 0] = 1e5  # finite in float32, infinite in float16
+    path = model_dir(tmp_path / "model", model)
+    assert load_float_model(path, dtype=torch.bfloat16) is not None  # bfloat16 has float32's range
+    with pytest.raises(CheckpointError, match=f"tensor {BROKEN} does not fit in float16"):
+        load_float_model(path, dtype=torch.float16)
+
+
 def test_import_gguf_and_hf_refuse_non_finite_tensors_naming_them(good, tmp_path, capsys):
     gguf = pytest.importorskip("gguf")
     path = tmp_path / "model.gguf"

@@ -88,6 +88,11 @@ def build_from_state(cfg: ModelConfig, state: dict[str, torch.Tensor], device: s
     model.reset_buffers()  # the RoPE tables and MoE statistics are not in the file
     model.to(device=device, dtype=dtype)
     model.reset_buffers()  # RoPE tables stay float32 whatever the weights' dtype
+    if dtype == torch.float16:  # float16's range ends at 65,504: larger weights become infinite in the cast
+        for name, t in model.state_dict().items():
+            if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                raise CheckpointError(f"{source}: tensor {name} does not fit in float16 (values beyond +-65,504 "
+                                      "become infinite); load it as bfloat16 or float32")
     return model
 
 
