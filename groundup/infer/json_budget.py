@@ -93,10 +93,7 @@ class JsonBudget:
     def advance(self, token: int) -> None:
         if self.forced and self.forced[0] == token:
             self.forced.pop(0)
-        if token < len(self.shapes.bytes):
-            in_string, depth, escaped = self.state
-            in_string, depth, escaped, _ = scan(self.shapes.bytes[token], in_string, depth, escaped)
-            self.state = (in_string, depth, escaped)
+        self.state = self._state_after(token)
 
     def settle(self, matcher, token: int, remaining: int) -> int:
         """The token to take instead of the sampled `token` (`remaining`: tokens left, this one included)."""
