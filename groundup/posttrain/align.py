@@ -25,6 +25,7 @@ from groundup.io import atomic_write_json, follow_umask
 from groundup.layout import DATA_REPORT_FILE, REFERENCE_LOGPS_FILE
 from groundup.posttrain.config import DPOConfig, KTOConfig
 from groundup.posttrain.pairs import read_feedback, read_pairs, split_heldout
+from groundup.posttrain.records import no_usable_held_out
 from groundup.posttrain.preference import PreferenceLoader, PreferenceObjective, reference_logps
 from groundup.train.session import open_run
 
@@ -71,8 +72,8 @@ def _align(cfg, out_dir: str | Path, resume: bool, kind: str) -> dict:
         if section.eval_data:
             held, held_report = read(section.eval_data, tok, cfg.train.seq_len + 1)
             if not held:  # never "no held-out data" for files the user named
-                raise DataError(f"--eval-data {', '.join(map(str, section.eval_data))}: no usable {kind} record "
-                                f"({held_report.records:,} read; first: {'; '.join(held_report.skipped[:2])})")
+                raise no_usable_held_out("--eval-data", section.eval_data, f"{kind} record",
+                                         f"{held_report.records:,} read", held_report.skipped[:2])
             report.skipped += held_report.skipped
             train = items
         else:

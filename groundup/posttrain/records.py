@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from groundup.data.readers import ReadStats, iter_records
+from groundup.errors import DataError
 from groundup.tokenizer.chat import ROLES
 
 SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
@@ -130,3 +131,11 @@ def iter_examples(paths: Sequence[str | Path], stats: ReadStats | None = None,
             stats.note("bad_field", f"{where}: {e}")
             if bad is not None:
                 bad.append(f"{where}: {e}")
+
+
+def no_usable_held_out(flag: str, paths, what: str, counted: str, first: list[str]) -> DataError:
+    """The error for held-out files the user named (`--eval-data`, `--eval-prompts`) without one usable
+    record: running on as if none were given would hide them."""
+    shown = f"; first: {'; '.join(first)}" if first else ""
+    return DataError(f"{flag} {', '.join(map(str, paths))}: no usable {what} ({counted}{shown})")
+

@@ -28,6 +28,7 @@ from groundup.model.loss import IGNORE_INDEX
 from groundup.model.transformer import Transformer
 from groundup.posttrain.config import RMConfig
 from groundup.posttrain.pairs import read_pairs, split_heldout
+from groundup.posttrain.records import no_usable_held_out
 from groundup.posttrain.preference import PrefBatch, PreferenceLoader, make_batch
 from groundup.train.objective import ObjectiveOutput
 from groundup.train.session import open_run
@@ -99,8 +100,8 @@ def rm(cfg: RMConfig, out_dir: str | Path, resume: bool = False) -> dict:
         if section.eval_data:
             held, held_report = read_pairs(section.eval_data, tok, cfg.train.seq_len + 1)
             if not held:  # never "no held-out pairs" for files the user named
-                raise DataError(f"--eval-data {', '.join(map(str, section.eval_data))}: no usable preference pair "
-                                f"({held_report.records:,} read; first: {'; '.join(held_report.skipped[:2])})")
+                raise no_usable_held_out("--eval-data", section.eval_data, "preference pair",
+                                         f"{held_report.records:,} read", held_report.skipped[:2])
             train = items
         else:
             train, held = split_heldout(items, section.val_fraction, section.seed)

@@ -35,7 +35,7 @@ from groundup.infer import Generator
 from groundup.model.logprobs import logprobs
 from groundup.model.lora import adapters_disabled
 from groundup.model.loss import IGNORE_INDEX
-from groundup.posttrain.records import BadRecord, parse_messages
+from groundup.posttrain.records import BadRecord, no_usable_held_out, parse_messages
 from groundup.rewards.functions import score_each
 from groundup.rewards.health import BatchTally, RewardHealth
 
@@ -85,10 +85,7 @@ def read_prompts(paths, tok, max_len: int) -> tuple[list[Prompt], list[Prompt], 
 
 
 def no_usable_eval_prompts(paths, bad: list[str]) -> DataError:
-    """The error for held-out prompt files without one usable prompt: running on as if none were given
-    would hide it."""
-    why = f" ({len(bad):,} skipped; first: {bad[0]})" if bad else ""
-    return DataError(f"--eval-prompts {' '.join(map(str, paths))}: no usable prompt{why}")
+    return no_usable_held_out("--eval-prompts", paths, "prompt", f"{len(bad):,} skipped", bad[:1])
 
 
 @dataclass

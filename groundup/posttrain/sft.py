@@ -23,7 +23,7 @@ from groundup.errors import DataError
 from groundup.io import atomic_write_json
 from groundup.layout import DATA_REPORT_FILE
 from groundup.posttrain.config import SFTConfig
-from groundup.posttrain.records import Example, iter_examples
+from groundup.posttrain.records import Example, iter_examples, no_usable_held_out
 from groundup.posttrain.chat_eval import chat_metrics
 from groundup.posttrain.sft_data import SFTLoader, collate, pack, tokenize
 from groundup.tokens.loader import IGNORE_INDEX, TokenLoader
@@ -111,8 +111,8 @@ def load_examples(cfg: SFTConfig, note=print) -> tuple[list[Example], list[Examp
         heldout = list(iter_examples(cfg.sft.eval_data, held_stats))
         _report_skipped("--eval-data", held_stats, note)
         if not heldout:
-            raise DataError(f"--eval-data {', '.join(map(str, cfg.sft.eval_data))}: no usable held-out example "
-                            f"({held_stats.summary()}; first: {'; '.join(held_stats.examples(3))})")
+            raise no_usable_held_out("--eval-data", cfg.sft.eval_data, "held-out example", held_stats.summary(),
+                                     held_stats.examples(3))
         stats.merge(held_stats)
     return train, heldout, stats
 
