@@ -37,7 +37,9 @@ class Command:
 # In data-flow order: `groundup --help` lists them so.
 COMMANDS: list[Command] = [
     Command(("data", "sample"), "groundup.corpus.commands:sample", "write the embedded corpus (Shakespeare, stdlib code, math) as JSONL"),
-    Command(("data", "curate"), "groundup.data.commands:curate", "filter, deduplicate, redact and mix raw data into curated shards"),
+    Command(("data", "extract"), "groundup.data.web.commands:extract", "HTML pages of a web crawl (WARC, ARC, WET) as text records, unfiltered"),
+    Command(("data", "curate"), "groundup.eval.data_commands:curate", "filter, deduplicate, redact and mix raw data into curated shards"),
+    Command(("data", "annotate"), "groundup.data.annotate_commands:annotate", "score a sample with an LLM judge (any OpenAI-compatible endpoint) and train the quality classifier on it"),
     Command(("data", "train-classifier"), "groundup.data.commands:train_classifier", "train the fastText-style quality classifier"),
     Command(("tokenizer", "train"), "groundup.tokenizer.commands:train", "train the byte-level BPE tokenizer on text records"),
     Command(("tokenizer", "stats"), "groundup.tokenizer.commands:stats", "bytes per token per domain, vocabulary use, longest tokens"),
@@ -68,7 +70,7 @@ COMMANDS: list[Command] = [
 ]  # fmt: skip
 
 GROUP_HELP = {
-    "data": "data stages: sample, curate, train-classifier, tokenize, pairs",
+    "data": "data stages: sample, extract, curate, annotate, train-classifier, tokenize, pairs",
     "tokenizer": "train and inspect the BPE tokenizer",
     "model": "inspect model presets and configs",
     "export": "export a model to another format",

@@ -258,11 +258,11 @@ REPLACED = "replaced"  # renamed into place when complete: a non-empty folder on
 ANNOTATES = "annotates"  # writes beside a training run or a demo (report.md), never a folder of its own
 
 FOLDER_VERBS: dict[str, str] = {
-    "data sample": CONTINUED, "data curate": CONTINUED, "tokenizer train": CONTINUED, "data tokenize": CONTINUED,
+    "data sample": CONTINUED, "data extract": CONTINUED, "data curate": CONTINUED, "tokenizer train": CONTINUED, "data tokenize": CONTINUED,
     "train": RUN, "sft": RUN, "dpo": RUN, "kto": RUN, "rm": RUN, "grpo": RUN, "rft": CONTINUED,
     "merge-lora": REPLACED, "quantize": REPLACED, "export hf": REPLACED, "import hf": REPLACED,
     "import gguf": REPLACED, "eval": REPLACED, "eval contamination": REPLACED, "demo": CONTINUED,
-    "report": ANNOTATES,
+    "data annotate": CONTINUED, "report": ANNOTATES,
 }  # fmt: skip
 REPORTED = {"train", "sft", "dpo", "kto", "rm", "grpo", "rft", "demo"}  # what `report` writes report.md into
 POSTTRAIN_SECTIONS = ("rft", "sft", "dpo", "kto", "grpo", "rm")  # a run's config.toml section naming its verb

@@ -13,6 +13,7 @@ from groundup.data.curate_config import (C4Config, CodeFilterConfig, FineWebConf
                                          GopherRepetitionConfig, MathFilterConfig, NgramRepetitionConfig,
                                          URLFilterConfig)
 from groundup.data.normalize import normalize_text
+from groundup.data.web.url_lists import URLBlocker
 from groundup.data.words import split_words
 
 QUALITY = GopherQualityConfig()
@@ -252,16 +253,16 @@ def test_math_filter():
 
 
 @pytest.mark.parametrize("url, reason", [
-    ("https://blocked.example/page", "blocked_domain"),
-    ("https://www.blocked.example/page", "blocked_domain"),
+    ("https://blocked.example/page", "domain:blocked_domains"),
+    ("https://www.blocked.example/page", "domain:blocked_domains"),
     ("https://notblocked.example/", None),
-    ("https://site.test/casino/games", "blocked_word"),
-    ("https://freecasinoporn.test/", "blocked_substrings"),
+    ("https://site.test/casino/games", "banned_word"),
+    ("https://freecasinoporn.test/", "banned_subword"),
     ("https://example.org/recipes", None),
 ])
-def test_url_blocklist(url, reason):
-    cfg = URLFilterConfig(blocked_domains=["blocked.example"])
-    assert code_filters.url_blocked(url, cfg) == reason
+def test_url_blocklist(url, reason):  # the rules against datatrove's URLFilter: tests/test_web_urls.py
+    cfg = URLFilterConfig(blocked_domains=["blocked.example"], banned_subwords=["porn"])
+    assert URLBlocker(cfg).check(url) == reason
 
 
 # ----------------------------------------------------------------------------- normalisation

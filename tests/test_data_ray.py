@@ -356,3 +356,21 @@ def test_a_completion_marker_of_other_inputs_is_refused(raw, tmp_path):
     with pytest.raises(DataError, match=r"done\.json: this completed task read other files than task 00001 .*"
                                         r"use a new --out directory"):
         finished_task(tmp_path, "done.json", second, "use a new --out directory")
+
+
+def test_curate_of_a_crawl_on_ray_is_byte_identical_to_the_local_run(cluster, tmp_path):
+    """WARC input: pages extracted (trafilatura, with its cross-page deduplication) and language-filtered
+    in the Ray tasks give the local run's bytes, damaged records counted the same."""
+    pytest.importorskip("fastwarc", reason="the web extra is not installed")
+    crawl = tmp_path / "crawl"
+    assert main(["data", "sample", "--crawl", "--out", str(crawl), "--pages", "30", "--pages-per-file", "10",
+                 "--hostile"]) == 0
+    settings = [*SETTINGS, "language.enabled=true"]
+    local = tmp_path / "local"
+    assert main(["data", "curate", "--input", str(crawl), "--out", str(local), "--no-progress", *settings]) == 0
+    done = _on_ray("data", "curate", "--input", crawl, "--out", tmp_path / "ray", "--no-progress", "--executor",
+                   "ray", "--address", cluster, *settings)
+    assert done.returncode == 0, done.stderr
+    assert _parts(tmp_path / "ray") == _parts(local) and len(_parts(local)) >= 3
+    assert _report(tmp_path / "ray") == _report(local)
+    assert _report(local)["read"]["crawl"]["truncated"] == 2

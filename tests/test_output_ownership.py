@@ -18,6 +18,7 @@ import pytest
 
 from groundup.cli import main
 from groundup.layout import FOLDER_VERBS, OUTPUT_MARKER_FILE, REPLACED, REPORTED, RUN, made_by
+from annotate_helpers import FakeJudge
 
 LOOP = ["train.threads=1", "log.every=1", "eval.every=0", "checkpoint.every=100", "train.max_steps=1", "--quiet"]
 TINY = ["train.batch_size=2", "train.seq_len=32", *LOOP]
@@ -50,6 +51,9 @@ def made(tmp_path_factory):
     ok("data", "sample", "--out", o["data sample"], "--domains", "math", "--math-count", "300")
     raw = o["data sample"] / "math-synthetic.jsonl"
     ok("data", "curate", "--input", raw, "--out", o["data curate"], "--quiet")
+    crawl = inputs / "crawl"
+    ok("data", "sample", "--crawl", "--out", crawl, "--pages", "4")
+    ok("data", "extract", crawl, "--out", o["data extract"], "--quiet", "--backend", "resiliparse")
     ok("tokenizer", "train", "--input", raw, "--out", o["tokenizer train"], "--vocab-size", "300", "--quiet")
     ok("data", "tokenize", "--tokenizer", o["tokenizer train"], "--input", raw, "--out", o["data tokenize"],
        "--workers", "1", "--quiet", "val_fraction=0.1")
@@ -87,6 +91,12 @@ def made(tmp_path_factory):
     (inputs / "items.jsonl").write_text(json.dumps({"q": "1 + 1", "a": "2"}) + "\n")
     task.write_text('name = "sums"\ndata = "items.jsonl"\nkind = "generate"\ncontext = "{q} ="\ntarget = "a"\n')
     ok("eval", "contamination", "--tasks", task, "--data", raw, "--out", o["eval contamination"], "--quiet")
+    judge = FakeJudge()  # data annotate's endpoint: a local fake OpenAI-compatible server
+    try:
+        ok("data", "annotate", "--input", raw, "--endpoint", judge.url, "--model", "judge", "--out",
+           o["data annotate"], "--sample", "20", "--bits", "8", "--quiet")
+    finally:
+        judge.close()
     # The demo runs the whole chain for minutes: its folder is the one it claims before its first stage.
     import groundup.demo.run as demo_run
 
@@ -94,7 +104,7 @@ def made(tmp_path_factory):
         mp.setattr(demo_run.Demo, "run", lambda self: None)
         ok("demo", "--out", o["demo"])
     yield {"out": o, "run": run, "raw": raw, "chat": chat, "pairs": pairs, "feedback": feedback,
-            "prompts": prompts, "gguf": gguf, "task": task}
+            "prompts": prompts, "gguf": gguf, "task": task, "crawl": crawl}
     sys.path.remove(str(inputs))
 
 
@@ -105,6 +115,7 @@ def writer_argv(verb: str, out: Path, m: dict, resume: bool = False) -> list:
     return {
         "data sample": ["data", "sample", "--out", out, "--domains", "math", "--math-count", "5"],
         "data curate": ["data", "curate", "--input", m["raw"], "--out", out, "--quiet"],
+        "data extract": ["data", "extract", m["crawl"], "--out", out, "--quiet", "--backend", "resiliparse"],
         "tokenizer train": ["tokenizer", "train", "--input", m["raw"], "--out", out, "--vocab-size", "300", "--quiet"],
         "data tokenize": ["data", "tokenize", "--tokenizer", o["tokenizer train"], "--input", m["raw"], "--out", out,
                           "--workers", "1", "--quiet"],
@@ -128,6 +139,8 @@ def writer_argv(verb: str, out: Path, m: dict, resume: bool = False) -> list:
         "eval": ["eval", "--model", run, "--bpb", m["raw"], "--out", out],
         "eval contamination": ["eval", "contamination", "--tasks", m["task"], "--data", m["raw"], "--out", out,
                                "--quiet"],
+        "data annotate": ["data", "annotate", "--input", m["raw"], "--endpoint", "http://127.0.0.1:9/v1", "--model", "m",
+                          "--out", out, "--quiet"],
         "data train-classifier": ["data", "train-classifier", "--positive", m["raw"], "--negative", m["raw"],
                                   "--out", out, "--epochs", "1", "--bits", "8"],
         "report": ["report", out],

@@ -3,6 +3,10 @@
     groundup data sample --out raw/                       # shakespeare.jsonl, python-stdlib.jsonl, math-synthetic.jsonl
     groundup data sample --chat --out chat/ --domains math code text
         # chat-math.jsonl + chat-math.heldout.jsonl, ... in TRL's conversational format (`messages`)
+    groundup data sample --crawl --out crawl/ [--pages 2000] [--hostile]
+        # crawl-00000.warc.gz, ...: web pages around the embedded corpus (navigation, ads, cookie banners,
+        # comments, several charsets and languages), as Common Crawl writes WARCs (needs groundup[web]);
+        # --hostile adds damaged files (truncated members, lying lengths, binary payloads, a 10 MB page)
 """
 
 from __future__ import annotations
@@ -27,6 +31,12 @@ def sample_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--limit", type=int, default=None, help="at most this many records per source")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--overwrite", action="store_true", help="replace <source>.jsonl files already in --out")
+    p.add_argument("--crawl", action="store_true",
+                   help="web pages as WARC files (crawl-NNNNN.warc.gz) for `data extract` and `data curate`")
+    p.add_argument("--pages", type=int, default=2000, help="with --crawl: how many pages")
+    p.add_argument("--pages-per-file", type=int, default=500, help="with --crawl: pages in each WARC file")
+    p.add_argument("--hostile", action="store_true",
+                   help="with --crawl: also write damaged crawl files (hostile-<kind>.warc.gz), each counted, never fatal")
     p.add_argument("--chat", action="store_true", help="conversations for fine-tuning instead (math, code, text), "
                    "each source split into <source>.jsonl and <source>.heldout.jsonl")
 
@@ -40,6 +50,8 @@ def sample(args: argparse.Namespace) -> None:
         if value is not None and value < least:
             raise ConfigError(f"{flag} {value}: expected an integer >= {least}", key=flag)
     out = claim_output_dir(args.out, "data sample", mark=True)
+    if args.crawl:
+        return _sample_crawl(args, out)
     if args.chat:
         from groundup.corpus.chat import iter_chat
 
@@ -69,3 +81,31 @@ def sample(args: argparse.Namespace) -> None:
             sizes[source] = sizes.get(source, 0) + len(text.encode("utf-8"))
     for source in counts:
         print(f"{out / (source + '.jsonl')}: {counts[source]:,} records, {sizes[source] / 1e6:.1f} MB of text")
+
+
+def _sample_crawl(args: argparse.Namespace, out: Path) -> None:
+    from groundup.corpus.crawl import HOSTILE_KINDS, CrawlResponse, write_hostile, write_warc
+    from groundup.corpus.web_pages import make_pages
+
+    for flag, value in (("--pages", args.pages), ("--pages-per-file", args.pages_per_file)):
+        if value < 1:
+            raise ConfigError(f"{flag} {value}: expected an integer >= 1", key=flag)
+    pages = make_pages(args.pages, seed=args.seed)
+    names = [f"crawl-{i:05d}.warc.gz" for i in range(0, (len(pages) + args.pages_per_file - 1) // args.pages_per_file)]
+    hostile = {kind: f"hostile-{kind}.warc" + ("" if kind.endswith("_plain") else ".gz") for kind in HOSTILE_KINDS}
+    names += list(hostile.values()) if args.hostile else []
+    existing = [out / n for n in names if (out / n).exists()]
+    if existing and not args.overwrite:
+        raise DataError(f"{existing[0]} already exists: choose another --out or pass --overwrite")
+    size = 0
+    for i in range(0, len(pages), args.pages_per_file):
+        chunk = pages[i:i + args.pages_per_file]
+        write_warc(out / f"crawl-{i // args.pages_per_file:05d}.warc.gz",
+                   [CrawlResponse(p.url, p.html.encode(p.charset), f"text/html; charset={p.charset}") for p in chunk])
+        size += sum(len(p.html) for p in chunk)
+    print(f"{out}: {len(pages):,} pages ({size / 1e6:.1f} MB of HTML) in "
+          f"{(len(pages) + args.pages_per_file - 1) // args.pages_per_file} WARC files")
+    if args.hostile:
+        for kind in HOSTILE_KINDS:
+            write_hostile(out / hostile[kind], kind)
+        print(f"  and {len(HOSTILE_KINDS)} damaged files: {', '.join(HOSTILE_KINDS)}")

@@ -16,6 +16,7 @@ Text only: tokenizing comes after, in groundup.tokens.
     pii.py             PIIRedactor: e-mail, public IP and phone numbers become placeholders
     hashing.py         64-bit hashing shared by the filters, MinHash, the classifier and content-based splits
     minhash.py         MinHash signatures and LSH band keys of word 5-grams
+    simhash.py         SimHash fingerprints of the same shingles and their pairs within k bits (dedup.near = "simhash")
     dedup.py           exact and MinHash near-duplicate removal over all shards in bounded memory (union-find)
     decontaminate.py   benchmark items' word 13-grams (lm-eval's rule) and the stage that drops documents sharing one
     mixing.py          the mixing plan: copies per document so each domain reaches its share of output bytes

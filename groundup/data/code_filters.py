@@ -1,4 +1,4 @@
-"""Filters for source code and for math, and the URL blocklist.
+"""Filters for source code and for math (URL block lists: data/web/url_lists.py).
 
 Code is judged as code (The Stack / StarCoder rules: line lengths, alphanumeric fraction,
 generated and minified files, byte entropy), never by prose rules, which would remove all of it.
@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import re
 from functools import lru_cache
-from urllib.parse import urlsplit
 
 import numpy as np
 
-from groundup.data.curate_config import CodeFilterConfig, MathFilterConfig, URLFilterConfig
+from groundup.data.curate_config import CodeFilterConfig, MathFilterConfig
 
 _NOT_ALNUM = re.compile(r"[\W_]+")
 _DIGITS = re.compile(r"\d")
 _SYMBOLS = re.compile(r"[^\w\s]|_")
-_URL_WORDS = re.compile(r"[a-z0-9]+")
 
 
 def byte_entropy(data: bytes) -> float:
@@ -80,21 +78,3 @@ def math_doc(text: str, cfg: MathFilterConfig) -> str | None:
     if cfg.require_pattern and not _compiled(cfg.require_pattern).search(text):
         return "missing_pattern"
     return None
-
-
-def url_blocked(url: str, cfg: URLFilterConfig) -> str | None:
-    """A blocked domain (or a subdomain of one), a blocked word as a whole word of the URL, or
-    several different blocked words anywhere in it ("freepornvideos")."""
-    lowered = url.lower()
-    host = (urlsplit(lowered if "//" in lowered else "//" + lowered).hostname or "").rstrip(".")
-    for domain in cfg.blocked_domains:
-        domain = domain.lower().lstrip(".")
-        if host == domain or host.endswith("." + domain):
-            return "blocked_domain"
-    words = set(_URL_WORDS.findall(lowered))
-    if any(w in words for w in cfg.blocked_words):
-        return "blocked_word"
-    if cfg.soft_words_min and sum(1 for w in cfg.blocked_words if w in lowered) >= cfg.soft_words_min:
-        return "blocked_substrings"
-    return None
-

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Callable
 
 from groundup.arguments import add_config_arguments, add_progress_argument
 from groundup.layout import claim_output_file, claim_output_dir
@@ -30,7 +31,9 @@ def executor_arguments(p: argparse.ArgumentParser) -> None:
                         "(default: a Ray instance started on this machine for the run)")
 
 
-def curate(args: argparse.Namespace) -> None:
+def curate(args: argparse.Namespace, checkpoint_scorer: Callable | None = None) -> None:
+    """`checkpoint_scorer(path, device, batch_size)` builds the bits-per-byte scorer `perplexity.checkpoint`
+    needs: scoring with a model sits above this layer, so eval/data_commands.py passes it in."""
     from groundup.config import inputs_and_overrides, load_config
     from groundup.data.curate_config import CurateConfig
     from groundup.data.pipeline import curate as run
@@ -40,7 +43,11 @@ def curate(args: argparse.Namespace) -> None:
     overrides = moved + list(args.overrides) + ([f"workers={args.workers}"] if args.workers is not None else [])
     cfg = load_config(CurateConfig, args.config, overrides)
     claim_output_dir(args.out, "data curate")  # the pipeline marks it once its executor runs
-    report = run(inputs, args.out, cfg, progress=not args.quiet, executor=args.executor, address=args.address)
+    scorer = None
+    if cfg.perplexity.enabled and cfg.perplexity.checkpoint and checkpoint_scorer is not None:
+        scorer = checkpoint_scorer(cfg.perplexity.checkpoint, cfg.perplexity.device, cfg.perplexity.batch_size)
+    report = run(inputs, args.out, cfg, progress=not args.quiet, executor=args.executor, address=args.address,
+                 checkpoint_scorer=scorer)
     t, tm = report["totals"], report["timing"]
     print(f"{t['docs_in']:,} documents ({t['bytes_in'] / 1e6:.1f} MB) in, {t['docs_kept']:,} kept, "
           f"{t['docs_out']:,} ({t['bytes_out'] / 1e6:.1f} MB) written in {tm['total_s']:.1f} s")
@@ -49,7 +56,7 @@ def curate(args: argparse.Namespace) -> None:
             print(f"  {stage['name']:<24} removed {stage['removed_docs']:>7,} documents "
                   f"({stage['removed_bytes'] / 1e6:.1f} MB) from {', '.join(stage['applies_to'])}")
     read = report["read"]
-    if any(read.get(k) for k in PROBLEM_KINDS):
+    if any(read.get(k) for k in PROBLEM_KINDS) or (read.get("crawl") or {}).get("positions"):
         stats = ReadStats(**read)
         print(f"  read problems (skipped and counted): {stats.summary()}")
         for example in stats.examples(5):

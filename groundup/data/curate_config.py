@@ -21,6 +21,11 @@ from typing import Literal
 
 from groundup.benchmarks import resolve_tasks
 from groundup.config import fail
+from groundup.data.web.extract import ExtractConfig
+from groundup.data.web.language import LanguageConfig
+from groundup.data.web.perplexity import PerplexityConfig
+from groundup.data.web.url_lists import URLFilterConfig
+from groundup.data.substring_dedup import SubstringDedupConfig
 
 FILTER_NAMES = ("gopher_quality", "gopher_repetition", "c4", "fineweb", "ngram_repetition", "code", "math")
 
@@ -41,6 +46,8 @@ class ReadConfig:
     # file is a task of its own, smaller ones are grouped with the next. Shards never span two tasks,
     # so this decides the output shards; `--executor ray` runs each task as one Ray task.
     task_bytes: int = 4 << 20
+    # a crawl page (WARC/ARC) whose HTTP payload is larger is skipped and counted, never held whole
+    max_page_bytes: int = 8 << 20
 
     def validate(self) -> None:
         if self.task_bytes < 1:
@@ -169,15 +176,6 @@ class PIIConfig:
 
 
 @dataclass
-class URLFilterConfig:
-    enabled: bool = True  # drop documents whose `url` field is blocked (documents without one pass)
-    blocked_domains: list[str] = field(default_factory=list)  # a domain blocks its subdomains too
-    # a URL with one of these as a whole word (a run of letters and digits) is blocked ...
-    blocked_words: list[str] = field(default_factory=lambda: ["porn", "xxx", "casino", "viagra", "escort"])
-    soft_words_min: int = 2  # ... or at least this many different blocked words anywhere in the URL
-
-
-@dataclass
 class ClassifierConfig:
     model: str | None = None  # a file written by `groundup data train-classifier`; none: off
     domains: list[str] = field(default_factory=lambda: ["text"])  # domains the classifier scores and filters
@@ -213,10 +211,43 @@ class MinHashConfig:
 
 
 @dataclass
+class SimHashConfig:
+    """Charikar's SimHash, 64-bit, over the same word n-grams as MinHash (data/simhash.py): a faster
+    alternative, used when `dedup.near = "simhash"`."""
+
+    enabled: bool = True  # drop near-duplicates of earlier documents (SimHash) in `domains`; false: off
+    ngram: int = 5  # word n-gram shingles
+    # fingerprints at most this many bits apart are near-duplicates; 0: equal only. Manku et al. (2007) used 3 for
+    # whole pages; on 3,000-character chunks 3 finds 39% of the pairs MinHash finds, 10 finds 90% at 0.94 precision
+    # (benchmarks/simhash_recall.py); candidate checks grow as N^2 / 2^(64 / (k + 1)), so a huge corpus may want 8
+    k: int = 10
+    # A larger k finds more (benchmarks/simhash_recall.py) but checks more candidates: each of the k + 1
+    # blocks is 64 / (k + 1) bits, and about N^2 / 2^(64 / (k + 1)) pairs of N documents share one.
+    seed: int = 1  # of the shingle-hash mix: another seed gives other fingerprints
+    memory_mb: int = 256  # fingerprints are bucketed so that one pass holds at most about this much
+    # math stays out for the same reason as with MinHash (templated problems differ only in numbers)
+    domains: list[str] = field(default_factory=lambda: ["text", "code"])  # domains near-duplicates are removed from
+
+    def validate(self) -> None:
+        for key in ("ngram", "memory_mb"):
+            if getattr(self, key) < 1:
+                fail(key, getattr(self, key), "at least 1")
+        if not 0 <= self.k <= 15:  # k + 1 blocks of at least 4 bits; narrower ones make everything a candidate
+            fail("k", self.k, "an integer from 0 to 15")
+
+
+@dataclass
 class DedupConfig:
     exact: ExactDedupConfig = field(default_factory=ExactDedupConfig)
+    near: Literal["minhash", "simhash"] = "minhash"  # the near-duplicate method: `minhash` or `simhash` below
     minhash: MinHashConfig = field(default_factory=MinHashConfig)
+    simhash: SimHashConfig = field(default_factory=SimHashConfig)
+    substring: SubstringDedupConfig = field(default_factory=SubstringDedupConfig)  # exact repeated spans (off by default)
     cluster_examples: int = 5  # clusters shown in the report, largest first
+
+    def near_config(self) -> MinHashConfig | SimHashConfig:
+        """The settings of the near-duplicate method that runs (`enabled`, `domains`, `memory_mb`)."""
+        return self.simhash if self.near == "simhash" else self.minhash
 
 
 @dataclass
@@ -274,6 +305,8 @@ class CurateConfig:
     workers: int = 1  # processes that curate shards in parallel on this machine (--workers)
     filters: dict[str, list[str]] = field(default_factory=_default_filters)  # domain -> the filters that judge it
     read: ReadConfig = field(default_factory=ReadConfig)
+    extract: ExtractConfig = field(default_factory=ExtractConfig)  # HTML to text, for crawl (WARC/ARC) inputs
+    language: LanguageConfig = field(default_factory=LanguageConfig)  # fastText lid.176: tag, or keep by language
     normalize: NormalizeConfig = field(default_factory=NormalizeConfig)
     gopher_quality: GopherQualityConfig = field(default_factory=GopherQualityConfig)
     gopher_repetition: GopherRepetitionConfig = field(default_factory=GopherRepetitionConfig)
@@ -282,6 +315,7 @@ class CurateConfig:
     ngram_repetition: NgramRepetitionConfig = field(default_factory=NgramRepetitionConfig)
     code: CodeFilterConfig = field(default_factory=CodeFilterConfig)
     math: MathFilterConfig = field(default_factory=MathFilterConfig)
+    perplexity: PerplexityConfig = field(default_factory=PerplexityConfig)  # CCNet-style head/middle/tail
     pii: PIIConfig = field(default_factory=PIIConfig)
     url: URLFilterConfig = field(default_factory=URLFilterConfig)
     classifier: ClassifierConfig = field(default_factory=ClassifierConfig)

@@ -1,7 +1,8 @@
 """Curate one shard of records: normalise, filter per domain, score, redact PII, hash for dedup.
 
 What survives is written to the work directory as `stage-NNNNN.parquet` with its exact-dedup
-hashes (`exact-NNNNN.npy`) and MinHash band keys (`bands-NNNNN.npy`); the shard's counters go
+hashes (`exact-NNNNN.npy`) and MinHash band keys or, with `dedup.near = "simhash"`, one column of
+SimHash fingerprints (`bands-NNNNN.npy`); the shard's counters go
 to `stats-NNNNN.json`, written last, so its presence means the shard is complete and a restarted
 run skips it. Everything is written under a temporary name and renamed.
 
@@ -25,7 +26,12 @@ from groundup.data.curate_config import CurateConfig, FILTER_NAMES
 from groundup.data.minhash import MinHasher
 from groundup.data.normalize import exact_key, normalize_text
 from groundup.data.pii import PIIRedactor
+from groundup.data.simhash import SimHasher
 from groundup.data.stats import StageStats
+from groundup.data.web.language import LanguageIdentifier
+from groundup.data.web.perplexity import PerplexityScorer
+from groundup.data.web.records import HTML_FORMAT, RecordExtractor
+from groundup.data.web.url_lists import URLBlocker
 from groundup.data.words import split_words
 from groundup.io import atomic_open, atomic_write_json
 
@@ -69,10 +75,18 @@ class _Doc:
 
 
 class ShardCurator:
-    def __init__(self, cfg: CurateConfig):
+    """`checkpoint_scorer`: bits per byte under a groundup model, for `perplexity.checkpoint` (built by the
+    caller, eval/bpb.CheckpointBitsPerByte: scoring with a model sits above the data layer)."""
+
+    def __init__(self, cfg: CurateConfig, checkpoint_scorer=None):
         self.cfg = cfg
-        self.minhasher = MinHasher(cfg.dedup.minhash)
+        # crawl pages: HTML to text (and language, unless the language stage does it) in the worker
+        self.extractor = RecordExtractor(cfg.extract, identify_language=not cfg.language.enabled)
+        self.language = LanguageIdentifier() if cfg.language.enabled else None
+        self.perplexity = PerplexityScorer(cfg.perplexity, checkpoint_scorer) if cfg.perplexity.enabled else None
+        self.near_hasher = SimHasher(cfg.dedup.simhash) if cfg.dedup.near == "simhash" else MinHasher(cfg.dedup.minhash)
         self.pii = PIIRedactor(cfg.pii)
+        self.url_blocker = URLBlocker(cfg.url)  # its lists load on the first URL checked
         self.classifier = None
         if cfg.classifier.model:
             self.classifier = QualityClassifier.load(cfg.classifier.model)
@@ -98,6 +112,38 @@ class ShardCurator:
             return code_filters.math_doc(doc.text, cfg.math)
         raise ValueError(f"unknown filter {name!r}")  # CurateConfig.validate rejects these first
 
+    def _extract(self, record: dict, stats: StageStats) -> dict | None:
+        """A crawl page's main content, title and language (data/web/records.py); None: no main content."""
+        t0 = time.perf_counter()
+        out = self.extractor(record)
+        reason = None if out is not None else self.extractor.skip_reason()
+        stats.record("extract", record, nbytes(record["text"]), reason, nbytes(out["text"]) if out else 0,
+                     text=None if out else record.get("url"))
+        stats.add_time("extract", time.perf_counter() - t0)
+        return out
+
+    def _language(self, doc: _Doc, record: dict, size: int, stats: StageStats) -> str | None:
+        """Tag the record with its language (lid.176) and drop it unless a kept language scores above the
+        threshold (datatrove's LanguageFilter), on the normalised text every later filter sees."""
+        t0 = time.perf_counter()
+        language, score, reason = self.language.verdict(doc.text, self.cfg.language)
+        record["language"], record["language_score"] = language, round(score, 4)
+        stats.count("language", language)
+        stats.record("language", record, size, reason, text=doc.text)
+        stats.add_time("language", time.perf_counter() - t0)
+        return reason
+
+    def _perplexity(self, doc: _Doc, record: dict, size: int, stats: StageStats) -> str | None:
+        t0 = time.perf_counter()
+        value = self.perplexity.score(doc.text, record.get("language"))
+        record["perplexity"] = value
+        bucket = self.perplexity.bucket(value, record.get("language"))
+        stats.count("perplexity", bucket or "unbucketed")
+        reason = self.perplexity.verdict(value, record.get("language"))
+        stats.record("perplexity", record, size, reason, text=doc.text)
+        stats.add_time("perplexity", time.perf_counter() - t0)
+        return reason
+
     def _curate_record(self, record: dict, stats: StageStats) -> tuple[dict, str, float | None] | None:
         cfg, clock = self.cfg, time.perf_counter
         size = nbytes(record["text"])
@@ -110,9 +156,12 @@ class ShardCurator:
             return None
         size = nbytes(doc.text)
         if cfg.url.enabled and record.get("url"):
-            reason = code_filters.url_blocked(str(record["url"]), cfg.url)
+            reason = self.url_blocker.check(str(record["url"]))
             stats.record("url", record, size, reason, text=doc.text)
             if reason:
+                return None
+        if self.language is not None and record["domain"] in cfg.language.domains:
+            if self._language(doc, record, size, stats):
                 return None
         for name in cfg.filters.get(record["domain"], ()):
             t0 = clock()
@@ -123,6 +172,9 @@ class ShardCurator:
             if reason:
                 return None
             size = out
+        if self.perplexity is not None and record["domain"] in cfg.perplexity.domains:
+            if self._perplexity(doc, record, size, stats):
+                return None
         score = None
         if self.classifier is not None and record["domain"] in cfg.classifier.domains:
             t0 = clock()
@@ -162,6 +214,10 @@ class ShardCurator:
         """Curate `records` as shard `index`; returns the shard's stats dict."""
         cfg = self.cfg
         stats = StageStats(cfg.output.examples, cfg.output.snippet_chars)
+        read = len(records)
+        self.extractor.reset()  # what extraction remembers across pages is per shard: the same on any executor
+        # crawl pages become text first, so every later stage (and the audit) sees what a reader would
+        records = [t for r in records if (t := (self._extract(r, stats) if r.get("format") == HTML_FORMAT else r))]
         kept = [k for r in records if (k := self._curate_record(r, stats)) is not None]
         if cfg.output.audit_docs:
             self._audit(records, stats)
@@ -170,12 +226,14 @@ class ShardCurator:
         exact = np.fromiter((exact_key(t) for t in texts), dtype=np.uint64, count=len(texts))
         stats.add_time("exact_dedup", time.perf_counter() - t0)
         t0 = time.perf_counter()
-        bands = np.zeros((len(texts), cfg.dedup.minhash.bands), dtype=np.uint64)  # NO_KEY: never bucketed
-        if cfg.dedup.minhash.enabled:
-            rows = [i for i, (r, _, _) in enumerate(kept) if r["domain"] in cfg.dedup.minhash.domains]
+        near = cfg.dedup.near_config()  # MinHash band keys, or one column of SimHash fingerprints
+        width = 1 if cfg.dedup.near == "simhash" else cfg.dedup.minhash.bands
+        bands = np.zeros((len(texts), width), dtype=np.uint64)  # NO_KEY: never bucketed
+        if near.enabled:
+            rows = [i for i, (r, _, _) in enumerate(kept) if r["domain"] in near.domains]
             if rows:
-                bands[rows] = self.minhasher.keys_for_texts([texts[i] for i in rows])
-        stats.add_time("minhash_dedup", time.perf_counter() - t0)
+                bands[rows] = self.near_hasher.keys_for_texts([texts[i] for i in rows])
+        stats.add_time(f"{cfg.dedup.near}_dedup", time.perf_counter() - t0)
         files = shard_files(work, index)
         table = pa.table({
             "id": [r["id"] for r, _, _ in kept],
@@ -193,7 +251,7 @@ class ShardCurator:
         for kind, array in (("exact", exact), ("bands", bands)):
             with atomic_open(files[kind], "wb") as f:
                 np.save(f, array)
-        result = {"index": index, "records": len(records), "kept": len(kept), "stages": stats.to_dict()}
+        result = {"index": index, "records": read, "kept": len(kept), "stages": stats.to_dict()}
         atomic_write_json(files["stats"], result, indent=None)  # last: marks the shard complete
         return result
 
@@ -202,3 +260,4 @@ def _meta(record: dict) -> str | None:
     """Fields beyond the core columns, as JSON (math problems keep their question and answer)."""
     extra = {k: v for k, v in record.items() if k not in CORE_FIELDS}
     return json.dumps(extra, ensure_ascii=False, default=str) if extra else None
+

@@ -9,13 +9,18 @@ report.json keys:
 - `domains` / `sources`: the same six numbers per domain / per source
 - `stages`: a list in pipeline order (normalize, url, gopher_quality, gopher_repetition, c4,
   fineweb, ngram_repetition, code, math, classifier, classifier_top_fraction, pii, decontaminate,
-  exact_dedup, minhash_dedup; only those that ran), each {name, applies_to (domains it judged), by_domain and
+  exact_dedup, minhash_dedup or simhash_dedup, substring_dedup; only those that ran), each {name,
+  applies_to (domains it judged), by_domain and
   by_source ({docs_in, bytes_in, docs_out, bytes_out, reasons: {reason: docs}}), removed_docs,
   removed_bytes, examples ([{id, source, domain, reason, snippet}]), seconds (CPU seconds summed
   over workers), docs_per_s, mb_per_s, extra (stage counters: pii replacements by kind)}
-- `dedup`: {exact: {enabled, groups, removed_docs, removed_bytes}, minhash: {enabled, ngram,
-  bands, rows, clusters, removed_docs, removed_bytes, size_histogram: {"2", "3-5", "6-10",
-  "11+"}, largest: [{size, members: [{id, source, domain, kept, snippet}]}]}}
+- `dedup`: {exact: {enabled, groups, removed_docs, removed_bytes}, near ("minhash" or "simhash":
+  the method that ran, `dedup.near`), and under that name {enabled, ngram, bands and rows (MinHash)
+  or k and blocks (SimHash), clusters, removed_docs, removed_bytes, size_histogram: {"2", "3-5",
+  "6-10", "11+"}, largest: [{size, members: [{id, source, domain, kept, snippet}]}]}, substring:
+  {enabled, min_tokens, domains, pieces, reused, spans, documents_cut, removed_docs (emptied, dropped),
+  removed_bytes, removed_bytes_by_domain, removed_bytes_by_source} (data/substring_dedup.py; its stage
+  row is `substring_dedup`)}
 - `mix`: {weights, max_repeats, target_bytes, rates, notes, available_bytes (per domain after
   dedup), output: {domain: {docs, bytes, share}}}; `share` is the achieved share of bytes
 - `shards`: {format, count, written, skipped_existing_parts, skipped_complete_work_shards, files}
@@ -37,10 +42,12 @@ from groundup.data.dedup import DedupResult
 from groundup.data.mixing import MixPlan
 from groundup.data.readers import PROBLEM_KINDS, ReadStats
 from groundup.data.stats import StageStats, totals
+from groundup.data.web.warc import WarcStats
+from groundup.data.substring_dedup import SubstringResult, markdown_lines as substring_lines, report_section as substring_section
 from groundup.io import atomic_write_json, atomic_write_text
 
-STAGE_ORDER = ("normalize", "url", *FILTER_NAMES, "classifier", "classifier_top_fraction", "pii",
-               "decontaminate", "exact_dedup", "minhash_dedup")
+STAGE_ORDER = ("extract", "normalize", "url", "language", *FILTER_NAMES, "perplexity", "classifier", "classifier_top_fraction", "pii",
+               "decontaminate", "exact_dedup", "minhash_dedup", "simhash_dedup", "substring_dedup")
 
 
 def _stage_entry(name: str, data: dict) -> dict:
@@ -100,10 +107,12 @@ def _table_sum(tables: Sequence[dict], key: str) -> dict:
 def build_report(*, inputs, cfg: CurateConfig, read_stats: ReadStats, stats: StageStats, dedup: DedupResult,
                  cols: dict, alive_before_dedup: np.ndarray, stage_files: Sequence[Path], counts: Sequence[int],
                  plan: MixPlan,
-                 written: list[dict], skipped_shards: int, timing: dict) -> dict:
+                 written: list[dict], skipped_shards: int, timing: dict, substring: SubstringResult | None = None) -> dict:
     data = stats.to_dict()
     stages = [_stage_entry(n, data[n]) for n in STAGE_ORDER if n in data]
     kept = alive_before_dedup & ~dedup.exact_duplicate & ~dedup.near_duplicate
+    if substring is not None:  # documents the substring cuts emptied are dropped; cols["nbytes"] are after the cuts
+        kept &= ~substring.emptied
     out_domain, out_source = _table_sum(written, "by_domain"), _table_sum(written, "by_source")
     out_bytes = sum(c["bytes"] for c in out_domain.values())
 
@@ -121,7 +130,9 @@ def build_report(*, inputs, cfg: CurateConfig, read_stats: ReadStats, stats: Sta
              ("docs_in", "bytes_in", "docs_kept", "bytes_kept", "docs_out", "bytes_out")}
     exact_removed = alive_before_dedup & dedup.exact_duplicate
     near_removed = alive_before_dedup & ~dedup.exact_duplicate & dedup.near_duplicate
-    mh = cfg.dedup.minhash
+    near = cfg.dedup.near_config()
+    method = ({"bands": cfg.dedup.minhash.bands, "rows": cfg.dedup.minhash.rows} if cfg.dedup.near == "minhash"
+              else {"k": cfg.dedup.simhash.k, "blocks": cfg.dedup.simhash.k + 1})
     seconds = timing["total_s"]
     return {
         "version": 1,
@@ -133,14 +144,16 @@ def build_report(*, inputs, cfg: CurateConfig, read_stats: ReadStats, stats: Sta
         "sources": breakdown("by_source", "source", out_source),
         "stages": stages,
         "dedup": {
+            "substring": substring_section(cfg.dedup.substring, cols, substring),
             "exact": {"enabled": cfg.dedup.exact.enabled, "groups": dedup.exact_groups,
                       "removed_docs": int(exact_removed.sum()), "removed_bytes": int(cols["nbytes"][exact_removed].sum())},
-            "minhash": {"enabled": mh.enabled, "ngram": mh.ngram, "bands": mh.bands, "rows": mh.rows,
-                        "clusters": len(dedup.clusters), "removed_docs": int(near_removed.sum()),
-                        "removed_bytes": int(cols["nbytes"][near_removed].sum()),
-                        "size_histogram": _histogram([len(c) for c in dedup.clusters]),
-                        "largest": _cluster_examples(dedup, counts, stage_files, cfg.dedup.cluster_examples,
-                                                     cfg.output.snippet_chars)},
+            "near": cfg.dedup.near,
+            cfg.dedup.near: {"enabled": near.enabled, "ngram": near.ngram, **method,
+                             "clusters": len(dedup.clusters), "removed_docs": int(near_removed.sum()),
+                             "removed_bytes": int(cols["nbytes"][near_removed].sum()),
+                             "size_histogram": _histogram([len(c) for c in dedup.clusters]),
+                             "largest": _cluster_examples(dedup, counts, stage_files, cfg.dedup.cluster_examples,
+                                                          cfg.output.snippet_chars)},
         },
         "mix": {"weights": cfg.mixing.weights, "max_repeats": cfg.mixing.max_repeats,
                 "target_bytes": plan.target_bytes, "rates": {k: round(v, 4) for k, v in plan.rates.items()},
@@ -188,6 +201,15 @@ def render_markdown(r: dict) -> str:
         lines += ["", "## Input problems (skipped and counted)", ""]
         for kind, n, examples in problems:
             lines.append(f"- {kind.replace('_', ' ')}: {n:,}" + "".join(f"\n  - `{e}`" for e in examples[:5]))
+    crawl = read.get("crawl") or {}
+    if crawl.get("files"):
+        lines += ["", "## Crawl files", "", WarcStats.from_dict(crawl).summary() + ".", ""]
+        for label, key in (("records by type", "records_by_type"), ("responses that are not HTML", "non_html_by_type"),
+                           ("charset taken from", "charset_sources")):
+            if crawl.get(key):
+                lines.append(f"- {label}: " + ", ".join(f"{t} {n:,}" for t, n in sorted(crawl[key].items())))
+        for kind, where in crawl.get("positions", {}).items():
+            lines.append(f"- {kind.replace('_', ' ')}: {crawl[kind]:,}" + "".join(f"\n  - `{e}`" for e in where[:5]))
     lines += ["", "## Stages, per domain", "",
               "Each filter judges only the domains configured for it (`[filters]`); a prose filter never sees code.", "",
               "| stage | domain | docs in | docs out | removed | bytes removed | top reasons | s | docs/s |",
@@ -214,15 +236,19 @@ def render_markdown(r: dict) -> str:
         for e in s["examples"][:3]:
             snippet = " ".join(e["snippet"].split())[:160]
             lines.append(f"- **{s['name']}** `{e['id']}` ({e['domain']}, {e['reason']}): {snippet}")
-    ex, mh = r["dedup"]["exact"], r["dedup"]["minhash"]
+    near = r["dedup"].get("near", "minhash")
+    ex, mh = r["dedup"]["exact"], r["dedup"][near]
+    how = (f"MinHash ({mh['bands']} bands x {mh['rows']} rows" if near == "minhash"
+           else f"SimHash (64 bits, at most {mh['k']} apart, {mh['blocks']} blocks")
     lines += ["", "## Deduplication", "",
               f"- exact: {ex['groups']:,} groups, {ex['removed_docs']:,} documents ({_mb(ex['removed_bytes'])} MB) removed",
-              f"- MinHash ({mh['bands']} bands x {mh['rows']} rows, word {mh['ngram']}-grams): {mh['clusters']:,} clusters, "
+              f"- {how}, word {mh['ngram']}-grams): {mh['clusters']:,} clusters, "
               f"{mh['removed_docs']:,} documents ({_mb(mh['removed_bytes'])} MB) removed; sizes "
               + ", ".join(f"{k}: {v}" for k, v in mh["size_histogram"].items())]
     for c in mh["largest"]:
         lines.append(f"  - cluster of {c['size']}: " + ", ".join(
             f"`{m['id']}`{' (kept)' if m['kept'] else ''}" for m in c["members"]))
+    lines += substring_lines(r["dedup"].get("substring", {}))
     mix = r["mix"]
     lines += ["", "## Mix", "", f"Weights: {mix['weights'] or 'none (everything kept once)'}; "
               f"at most {mix['max_repeats']} copies of a document.", ""]

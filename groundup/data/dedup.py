@@ -17,6 +17,10 @@ and `deduplicate` here runs one after the other: exact duplicates per key bucket
 (`band_groups_in_bucket`, datatrove's MinhashDedupBuckets), then one union-find over all groups
 (`cluster`, its MinhashDedupCluster). Clusters do not depend on the order groups are joined in:
 a cluster's root is always its smallest member.
+
+With `dedup.near = "simhash"` the band files hold one column of SimHash fingerprints, and the
+groups are the pairs at most k bits apart that each of k + 1 blocks and key bucket finds
+(`simhash.pairs_in_bucket`); the buckets, the union-find and the keep-first rule are the same.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from typing import Iterable, Iterator, Sequence
 import numpy as np
 
 from groundup.data.minhash import NO_KEY
+from groundup.data.simhash import pairs_in_bucket
 
 
 class UnionFind:
@@ -148,11 +153,28 @@ def cluster(n: int, groups: Iterable[np.ndarray]) -> tuple[np.ndarray, list[np.n
     return near_dup, clusters
 
 
+def near_groups(band_files: Sequence[Path], offsets: np.ndarray, live: np.ndarray, bands: int, buckets: int,
+                simhash_k: int | None) -> Iterator[np.ndarray]:
+    """The groups the clustering joins: documents sharing a MinHash band key, per band and bucket,
+    or (`simhash_k` given: the band files hold SimHash fingerprints) pairs of fingerprints at most
+    `simhash_k` bits apart, per block and bucket (data/simhash.py)."""
+    if simhash_k is None:
+        for band in range(bands):
+            for bucket in range(buckets):
+                yield from bucket_groups(band_files, offsets, band, live, bucket, buckets)
+        return
+    for block in range(simhash_k + 1):
+        for bucket in range(buckets):
+            members, _ = pairs_in_bucket(band_files, offsets, live, simhash_k, block, bucket, buckets)
+            yield from members.reshape(-1, 2)
+
+
 def deduplicate(exact_files: Sequence[Path], band_files: Sequence[Path], counts: Sequence[int],
                 alive: np.ndarray, near_eligible: np.ndarray, exact: bool, near: bool, bands: int,
-                memory_mb: int) -> DedupResult:
+                memory_mb: int, simhash_k: int | None = None) -> DedupResult:
     """`alive` marks documents still in the running (not removed by an earlier stage);
-    `near_eligible` those whose domain takes part in near-duplicate removal.
+    `near_eligible` those whose domain takes part in near-duplicate removal; `simhash_k` (None:
+    MinHash) says the band files hold SimHash fingerprints, near-duplicates at most that many bits apart.
 
     The same stages that `--executor ray` runs as tasks (data/ray_dedup.py), one after the other."""
     offsets = shard_offsets(counts)
@@ -169,8 +191,7 @@ def deduplicate(exact_files: Sequence[Path], band_files: Sequence[Path], counts:
     clusters: list[np.ndarray] = []
     if near:
         live = near_live(alive, near_eligible, exact_dup)
-        near_dup, clusters = cluster(n, (members for band in range(bands) for bucket in range(buckets)
-                                         for members in bucket_groups(band_files, offsets, band, live, bucket, buckets)))
+        near_dup, clusters = cluster(n, near_groups(band_files, offsets, live, bands, buckets, simhash_k))
     return DedupResult(exact_dup, near_dup, groups, clusters)
 
 

@@ -61,10 +61,12 @@ def plan_tasks(paths: Sequence[str | Path], task_bytes: int) -> list[InputTask]:
 
 
 def task_records(task: InputTask, stats: ReadStats, default_domain: str | None = None,
-                 max_record_bytes: int = 64 << 20) -> Iterator[dict]:
-    """The records of a task's files, in order; problems are counted in `stats`."""
+                 max_record_bytes: int = 64 << 20, raw_html: bool = False, max_page_bytes: int = 8 << 20) -> Iterator[dict]:
+    """The records of a task's files, in order; problems are counted in `stats`. `raw_html`: crawl pages
+    keep their HTML for the curator to extract (data/web/records.py)."""
     for file in task.files:
-        yield from read_input_file(file, stats, default_domain, max_record_bytes)
+        yield from read_input_file(file, stats, default_domain, max_record_bytes, raw_html=raw_html,
+                                   max_page_bytes=max_page_bytes)
 
 
 def cut_shards(records: Iterable[dict], max_docs: int, max_bytes: int) -> Iterator[tuple[int, list[dict]]]:

@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from groundup.data.curate_config import CurateConfig
+from groundup.data.substring_dedup import apply_removals, load_removals, removed_per_row
 from groundup.io import atomic_open
 
 OUTPUT_COLUMNS = ("id", "source", "domain", "text", "url", "language", "quality", "meta")
@@ -39,16 +40,18 @@ def output_path(shards_dir: Path, index: int, fmt: str) -> Path:
     return shards_dir / f"part-{index:05d}.{'parquet' if fmt == 'parquet' else 'jsonl'}"
 
 
-def write_output_shard(stage: Path, shards_dir: Path, index: int, copies: np.ndarray, cfg: CurateConfig) -> dict:
-    """Write each row of the work shard `copies[row]` times; returns {"path", "skipped", "docs",
-    "by_domain", "by_source"} for the report."""
+def write_output_shard(stage: Path, shards_dir: Path, index: int, copies: np.ndarray, cfg: CurateConfig,
+                       removals: Path | None = None) -> dict:
+    """Write each row of the work shard `copies[row]` times, with the substring-dedup cuts in `removals`
+    (data/substring_dedup.py) made; returns {"path", "skipped", "docs", "by_domain", "by_source"} for the report."""
     path = output_path(shards_dir, index, cfg.output.format)
     columns = None if not path.exists() else ["source", "domain", "nbytes"]
     table = pq.read_table(stage, columns=columns)
     rows = np.repeat(np.arange(table.num_rows), copies)
     if cfg.output.shuffle and len(rows) > 1:
         rows = np.random.default_rng([cfg.seed, index]).permutation(rows)
-    sizes = table.column("nbytes").to_numpy()
+    cuts = load_removals(removals)
+    sizes = table.column("nbytes").to_numpy() - removed_per_row(cuts, table.num_rows)
     counts = {"by_domain": {}, "by_source": {}}
     for group, column in (("by_domain", "domain"), ("by_source", "source")):
         values = np.array(table.column(column).to_pylist(), dtype=object)
@@ -58,6 +61,9 @@ def write_output_shard(stage: Path, shards_dir: Path, index: int, copies: np.nda
     info = {"path": path.name, "skipped": columns is not None, "docs": int(len(rows)), **counts}
     if columns is not None or len(rows) == 0:
         return info
+    if len(cuts):
+        texts = apply_removals(table.column("text").to_pylist(), cuts)
+        table = table.set_column(table.schema.get_field_index("text"), "text", pa.array(texts, pa.string()))
     out = table.select(list(OUTPUT_COLUMNS)).take(pa.array(rows, type=pa.int64()))
     if cfg.output.format == "parquet":
         compression = None if cfg.output.compression == "none" else cfg.output.compression

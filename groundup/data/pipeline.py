@@ -5,9 +5,10 @@
    curated on its own (`curate_shard`), leaving its survivors, dedup hashes and counters in
    `OUT/.work/`. A shard already complete there is skipped.
 2. Global decisions over all shards: top-fraction classifier cut, decontamination against eval
-   tasks (`decontaminate.tasks`, data/decontaminate.py), exact and MinHash dedup
-   (`dedup`, bounded memory) and the mixing plan (`mixing`).
-3. Each work shard becomes `OUT/shards/part-NNNNN.parquet` (or `.jsonl`): duplicates dropped,
+   tasks (`decontaminate.tasks`, data/decontaminate.py), exact and MinHash (or SimHash: `dedup.near`)
+   dedup (`dedup`, bounded memory), exact substring dedup (`dedup.substring`, data/substring_dedup.py: cuts
+   written as `OUT/.work/substr-NNNNN.npy`, computed here for both executors) and the mixing plan (`mixing`).
+3. Each work shard becomes `OUT/shards/part-NNNNN.parquet` (or `.jsonl`): duplicates dropped, repeated spans cut,
    documents repeated or dropped by the mixing plan, rows shuffled; existing parts are kept.
 Then `report.json` and `report.md` (see `report`).
 
@@ -30,7 +31,7 @@ import contextlib
 import multiprocessing
 import time
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -46,6 +47,7 @@ from groundup.data.ray_curate import RayExecutor
 from groundup.data.readers import ReadStats, check_inputs, no_records_error
 from groundup.data.curation_report import build_report, write_report
 from groundup.data.stats import StageStats
+from groundup.data.substring_dedup import record_stage, removal_path, substring_dedup
 from groundup.data.input_tasks import InputTask, cut_shards, input_fingerprint, plan_tasks, task_records
 from groundup.errors import DataError
 from groundup.io import atomic_write_json, ensure_writable_dir, read_json, writer_lock
@@ -56,9 +58,9 @@ EXECUTORS = ("local", "ray")
 _curator: ShardCurator | None = None  # one per worker process
 
 
-def _init_worker(cfg: CurateConfig) -> None:
+def _init_worker(cfg: CurateConfig, scorer: Callable | None) -> None:
     global _curator
-    _curator = ShardCurator(cfg)
+    _curator = ShardCurator(cfg, scorer)
 
 
 def _run_shard(index: int, records: list[dict], work: Path) -> dict:
@@ -82,14 +84,15 @@ def _local_shards(tasks: Sequence[InputTask], cfg: CurateConfig, read_stats: Rea
     """Every task's shards, read here one task after the other, numbered across tasks."""
     index = 0
     for task in tasks:
-        records = task_records(task, read_stats, cfg.read.default_domain, cfg.read.max_record_bytes)
+        records = task_records(task, read_stats, cfg.read.default_domain, cfg.read.max_record_bytes,
+                           raw_html=True, max_page_bytes=cfg.read.max_page_bytes)
         for _, batch in cut_shards(records, cfg.output.shard_docs, cfg.output.shard_bytes):
             yield index, batch
             index += 1
 
 
 def _curate_shards(tasks: Sequence[InputTask], cfg: CurateConfig, work: Path, read_stats: ReadStats,
-                   progress: bool) -> tuple[list[dict], int]:
+                   progress: bool, scorer: Callable | None = None) -> tuple[list[dict], int]:
     """Phase 1. Returns every shard's stats (in order) and how many were skipped as complete."""
     from tqdm import tqdm
 
@@ -97,7 +100,7 @@ def _curate_shards(tasks: Sequence[InputTask], cfg: CurateConfig, work: Path, re
     skipped = 0
     bar = tqdm(desc="curate", unit=" docs", disable=not progress)
     if cfg.workers == 1:
-        curator = ShardCurator(cfg)
+        curator = ShardCurator(cfg, scorer)
         for index, batch in _local_shards(tasks, cfg, read_stats):
             if shard_complete(work, index):
                 results[index], skipped = read_json(shard_files(work, index)["stats"]), skipped + 1
@@ -108,7 +111,7 @@ def _curate_shards(tasks: Sequence[InputTask], cfg: CurateConfig, work: Path, re
         # spawn, not fork: pyarrow's thread pools do not survive a fork.
         context = multiprocessing.get_context("spawn")
         with futures.ProcessPoolExecutor(cfg.workers, mp_context=context, initializer=_init_worker,
-                                         initargs=(cfg,)) as pool:
+                                         initargs=(cfg, scorer)) as pool:
             pending: dict[futures.Future, int] = {}
             for index, batch in _local_shards(tasks, cfg, read_stats):
                 if shard_complete(work, index):
@@ -163,39 +166,43 @@ def _top_fraction(cfg: CurateConfig, cols: dict, alive: np.ndarray) -> np.ndarra
 class LocalExecutor:
     """Shards curated in `cfg.workers` processes of this machine; dedup and output in this process."""
 
-    def __init__(self, cfg: CurateConfig, work: Path, progress: bool):
-        self.cfg, self.work, self.progress = cfg, work, progress
+    def __init__(self, cfg: CurateConfig, work: Path, progress: bool, scorer: Callable | None = None):
+        self.cfg, self.work, self.progress, self.scorer = cfg, work, progress, scorer
 
     def curate_shards(self, tasks: Sequence[InputTask], read_stats: ReadStats) -> tuple[list[dict], list[dict], int]:
         """Every shard's stats and files (in order), and how many shards were complete already."""
-        results, skipped = _curate_shards(tasks, self.cfg, self.work, read_stats, self.progress)
+        results, skipped = _curate_shards(tasks, self.cfg, self.work, read_stats, self.progress, self.scorer)
         return results, [shard_files(self.work, i) for i in range(len(results))], skipped
 
     def deduplicate(self, files: Sequence[dict], counts: Sequence[int], alive: np.ndarray,
                     eligible: np.ndarray) -> DedupResult:
         d = self.cfg.dedup
         return deduplicate([f["exact"] for f in files], [f["bands"] for f in files], counts, alive, eligible,
-                           d.exact.enabled, d.minhash.enabled, d.minhash.bands, d.minhash.memory_mb)
+                           d.exact.enabled, d.near_config().enabled, d.minhash.bands, d.near_config().memory_mb,
+                           d.simhash.k if d.near == "simhash" else None)
 
-    def write_outputs(self, files: Sequence[dict], shards_dir: Path, copies: Sequence[np.ndarray]) -> list[dict]:
-        return [write_output_shard(f["stage"], shards_dir, i, c, self.cfg) for i, (f, c) in enumerate(zip(files, copies))]
+    def write_outputs(self, files: Sequence[dict], shards_dir: Path, copies: Sequence[np.ndarray],
+                      removals: Sequence[Path | None]) -> list[dict]:
+        return [write_output_shard(f["stage"], shards_dir, i, c, self.cfg, r)
+                for i, (f, c, r) in enumerate(zip(files, copies, removals))]
 
 
 @contextlib.contextmanager
-def open_executor(executor: str, address: str | None, cfg: CurateConfig, work: Path, progress: bool):
+def open_executor(executor: str, address: str | None, cfg: CurateConfig, work: Path, progress: bool,
+                  scorer: Callable | None = None):
     if executor == "local":
         if address:
             raise DataError(f"--address {address}: only --executor ray connects to a cluster")
-        yield LocalExecutor(cfg, work, progress)
+        yield LocalExecutor(cfg, work, progress, scorer)
     elif executor == "ray":
-        with RayExecutor.connect(address, cfg, work, progress) as ray_executor:
+        with RayExecutor.connect(address, cfg, work, progress, scorer) as ray_executor:
             yield ray_executor
     else:
         raise DataError(f"executor {executor!r}: expected one of {', '.join(EXECUTORS)}")
 
 
 def curate(inputs: Sequence[str | Path], out: str | Path, cfg: CurateConfig, progress: bool = True,
-           executor: str = "local", address: str | None = None) -> dict:
+           executor: str = "local", address: str | None = None, checkpoint_scorer: Callable | None = None) -> dict:
     """Run the whole curation into `out`; returns the report (also written as report.json/.md).
 
     `executor="ray"` runs the tasks on the Ray cluster at `address` ("auto", "HOST:PORT",
@@ -204,7 +211,7 @@ def curate(inputs: Sequence[str | Path], out: str | Path, cfg: CurateConfig, pro
     inputs = [Path(p) for p in inputs]
     check_inputs(inputs)
     out = Path(out)
-    with open_executor(executor, address, cfg, out / ".work", progress) as ex:
+    with open_executor(executor, address, cfg, out / ".work", progress, checkpoint_scorer) as ex:
         out = mark_output_dir(out, "data curate")  # only now: a run that cannot start leaves no folder
         with writer_lock(out):
             work = ensure_writable_dir(out / ".work")
@@ -238,15 +245,26 @@ def _run(ex, inputs: list[Path], out: Path, cfg: CurateConfig, work: Path, start
         _bulk_stage(stats, "decontaminate", cols, alive, keep, "overlaps_eval_item")
         stats.add_time("decontaminate", time.perf_counter() - t1)
         alive = keep
-    eligible = np.isin(cols["domain"], cfg.dedup.minhash.domains)
+    eligible = np.isin(cols["domain"], cfg.dedup.near_config().domains)
     result = ex.deduplicate(files, counts, alive, eligible)
     after_exact = alive & ~result.exact_duplicate
     if cfg.dedup.exact.enabled:
         _bulk_stage(stats, "exact_dedup", cols, alive, after_exact, "duplicate_text")
     after_near = after_exact & ~result.near_duplicate
-    if cfg.dedup.minhash.enabled:
-        _bulk_stage(stats, "minhash_dedup", cols, after_exact & eligible, after_near & eligible, "near_duplicate")
-    stats.add_time("minhash_dedup", time.perf_counter() - t0)  # the global pass: bucketing, union-find
+    near_stage = f"{cfg.dedup.near}_dedup"  # minhash_dedup or simhash_dedup: the report names the method
+    if cfg.dedup.near_config().enabled:
+        _bulk_stage(stats, near_stage, cols, after_exact & eligible, after_near & eligible, "near_duplicate")
+    stats.add_time(near_stage, time.perf_counter() - t0)  # the global pass: bucketing, union-find
+    substring = None
+    if cfg.dedup.substring.enabled:  # spans repeated anywhere cut from the survivors (data/substring_dedup.py)
+        t1 = time.perf_counter()
+        considered = after_near & np.isin(cols["domain"], cfg.dedup.substring.domains)
+        substring = substring_dedup(cfg.dedup.substring, [f["stage"] for f in files], counts, considered,
+                                    cols["nbytes"], work)
+        record_stage(stats, cols, considered, substring)
+        stats.add_time("substring_dedup", time.perf_counter() - t1)
+        after_near = after_near & ~substring.emptied
+        cols["nbytes"] = cols["nbytes"] - substring.removed_bytes  # from here on: sizes after the cuts
     available = {str(d): int(cols["nbytes"][after_near & (cols["domain"] == d)].sum())
                  for d in np.unique(cols["domain"][after_near])} if after_near.any() else {}
     plan = plan_mix(available, cfg.mixing)
@@ -256,13 +274,14 @@ def _run(ex, inputs: list[Path], out: Path, cfg: CurateConfig, work: Path, start
     t0 = time.perf_counter()
     offsets = shard_offsets(counts)
     written = ex.write_outputs(files, ensure_writable_dir(out / "shards"),
-                               [copies[offsets[i]:offsets[i + 1]] for i in range(len(files))])
+                               [copies[offsets[i]:offsets[i + 1]] for i in range(len(files))],
+                               [removal_path(work, i) if substring else None for i in range(len(files))])
     phase3 = time.perf_counter() - t0
 
     report = build_report(
         inputs=inputs, cfg=cfg, read_stats=read_stats, stats=stats, dedup=result, cols=cols,
         alive_before_dedup=alive, stage_files=[f["stage"] for f in files], counts=counts, plan=plan,
-        written=written, skipped_shards=skipped,
+        written=written, skipped_shards=skipped, substring=substring,
         timing={"curate_shards_s": phase1, "global_s": phase2, "write_s": phase3,
                 "total_s": time.perf_counter() - started})
     write_report(out, report)

@@ -33,7 +33,7 @@ import os
 import platform
 import time
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -52,23 +52,25 @@ DONE_FILE = "done.json"
 _curator: tuple[str, ShardCurator] | None = None  # per worker process: built once per configuration
 
 
-def _shard_curator(cfg: CurateConfig) -> ShardCurator:
+def _shard_curator(cfg: CurateConfig, scorer: Callable | None) -> ShardCurator:
     global _curator
     key = json.dumps(dataclasses.asdict(cfg), sort_keys=True, default=str)
     if _curator is None or _curator[0] != key:
-        _curator = (key, ShardCurator(cfg))
+        _curator = (key, ShardCurator(cfg, scorer))
     return _curator[1]
 
 
-def curate_task(task: InputTask, cfg: CurateConfig, task_dir: str, fault: str | None) -> dict:
+def curate_task(task: InputTask, cfg: CurateConfig, task_dir: str, fault: str | None,
+                scorer: Callable | None = None) -> dict:
     """In a Ray worker: curate one input task's shards into `task_dir`; returns its marker."""
     directory = Path(task_dir)
     if (marker := start_task(task.files, directory, DONE_FILE)) is not None:
         return marker
-    curator = _shard_curator(cfg)
+    curator = _shard_curator(cfg, scorer)
     stats = ReadStats()
     shards = []
-    records = task_records(task, stats, cfg.read.default_domain, cfg.read.max_record_bytes)
+    records = task_records(task, stats, cfg.read.default_domain, cfg.read.max_record_bytes,
+                           raw_html=True, max_page_bytes=cfg.read.max_page_bytes)
     for part, batch in cut_shards(records, cfg.output.shard_docs, cfg.output.shard_bytes):
         if shard_complete(directory, part):
             shards.append(read_json(shard_files(directory, part)["stats"], expect=dict))
@@ -82,26 +84,27 @@ def curate_task(task: InputTask, cfg: CurateConfig, task_dir: str, fault: str | 
 
 
 def write_task(stage: str, shards_dir: str, index: int, copies: np.ndarray, cfg: CurateConfig, work: str,
-               fault: str | None) -> dict:
+               fault: str | None, removals: str | None = None) -> dict:
     """In a Ray worker: one output part (an existing part is kept and only counted)."""
     require_shared(shards_dir)
     remove_temporaries(Path(shards_dir), f"part-{index:05d}.*")
     maybe_fault(fault, "write", index, Path(work))
-    return write_output_shard(Path(stage), Path(shards_dir), index, copies, cfg)
+    return write_output_shard(Path(stage), Path(shards_dir), index, copies, cfg, removals and Path(removals))
 
 
 class RayExecutor:
     """`pipeline.curate`'s executor interface (see LocalExecutor there), on a Ray cluster."""
 
-    def __init__(self, cfg: CurateConfig, work: Path, progress: bool):
-        self.cfg, self.work, self.progress = cfg, work, progress
+    def __init__(self, cfg: CurateConfig, work: Path, progress: bool, scorer: Callable | None = None):
+        self.cfg, self.work, self.progress, self.scorer = cfg, work, progress, scorer
         self.fault = fault_spec()
 
     @classmethod
     @contextlib.contextmanager
-    def connect(cls, address: str | None, cfg: CurateConfig, work: Path, progress: bool) -> Iterator["RayExecutor"]:
+    def connect(cls, address: str | None, cfg: CurateConfig, work: Path, progress: bool,
+                scorer: Callable | None = None) -> Iterator["RayExecutor"]:
         with ray_session(address):
-            yield cls(cfg, work, progress)
+            yield cls(cfg, work, progress, scorer)
 
     def _task_dir(self, task: InputTask) -> Path:
         return self.work / "tasks" / task.name
@@ -117,7 +120,7 @@ class RayExecutor:
         skipped = sum(len(m["shards"]) for m in markers.values())
         pending = [t for t in tasks if t.index not in markers]
         cfg_ref = ray.put(self.cfg)
-        calls = [(f"curate task {t.name} ({t.describe()})", (t, cfg_ref, str(self._task_dir(t)), self.fault))
+        calls = [(f"curate task {t.name} ({t.describe()})", (t, cfg_ref, str(self._task_dir(t)), self.fault, self.scorer))
                  for t in pending]
         for task, marker in zip(pending, run_tasks(curate_task, calls, "curate tasks", self.progress)):
             markers[task.index] = marker
@@ -134,10 +137,11 @@ class RayExecutor:
                     eligible: np.ndarray) -> DedupResult:
         return ray_deduplicate(files, counts, alive, eligible, self.cfg, self.work, self.progress, self.fault)
 
-    def write_outputs(self, files: Sequence[dict], shards_dir: Path, copies: Sequence[np.ndarray]) -> list[dict]:
+    def write_outputs(self, files: Sequence[dict], shards_dir: Path, copies: Sequence[np.ndarray],
+                      removals: Sequence[Path | None]) -> list[dict]:
         import ray
 
         cfg_ref = ray.put(self.cfg)
-        calls = [(f"output shard {i:05d}", (str(f["stage"]), str(shards_dir), i, c, cfg_ref, str(self.work), self.fault))
-                 for i, (f, c) in enumerate(zip(files, copies))]
+        calls = [(f"output shard {i:05d}", (str(f["stage"]), str(shards_dir), i, c, cfg_ref, str(self.work), self.fault,
+                                            r and str(r))) for i, (f, c, r) in enumerate(zip(files, copies, removals))]
         return run_tasks(write_task, calls, "output shards", self.progress)

@@ -9,6 +9,9 @@ The signatures were computed where the shards were curated: each shard's `exact-
 2. band buckets: one task per band and key bucket finds the groups of documents that share a key
    (`band-BBB-KKKK.npz`, datatrove's MinhashDedupBuckets). A task reads one band column of every
    shard, memory-mapped, and keeps only its bucket's keys: `dedup.minhash.memory_mb` bounds it.
+   With `dedup.near = "simhash"`: one task per SimHash block and bucket finds the pairs of
+   fingerprints at most k bits apart (`block-BBB-KKKK.npz`, data/simhash.py), bounded by
+   `dedup.simhash.memory_mb`.
 3. clusters: one task joins all groups in a union-find over document numbers (8 bytes per
    document) and writes the near-duplicate mask and the clusters (`clusters.npz`, datatrove's
    MinhashDedupCluster). Dropping the duplicates happens when the output shards are written.
@@ -30,6 +33,7 @@ from groundup.data import dedup
 from groundup.data.curate_config import CurateConfig
 from groundup.data.dedup import (DedupResult, band_groups_in_bucket, cluster, exact_duplicates_in_bucket, near_live,
                                  shard_offsets)
+from groundup.data.simhash import pairs_in_bucket
 from groundup.io import atomic_open, ensure_writable_dir
 from groundup.ray_cluster import maybe_fault, remove_temporaries, require_shared, run_tasks
 
@@ -56,12 +60,16 @@ def exact_task(exact_files: list[str], offsets: np.ndarray, alive_path: str, buc
 
 
 def band_task(band_files: list[str], offsets: np.ndarray, live_path: str, band: int, bucket: int, buckets: int,
-              out: str, fault: str | None) -> None:
+              out: str, fault: str | None, simhash_k: int | None = None) -> None:
+    """One MinHash band's bucket, or (`simhash_k` given) one SimHash block's bucket."""
     require_shared(Path(out).parent)
     remove_temporaries(Path(out).parent, Path(out).name)
     maybe_fault(fault, "band", band * buckets + bucket, Path(out).parent)
     live = np.load(live_path, mmap_mode="r")
-    members, sizes = band_groups_in_bucket(list(map(Path, band_files)), offsets, live, band, bucket, buckets)
+    if simhash_k is None:
+        members, sizes = band_groups_in_bucket(list(map(Path, band_files)), offsets, live, band, bucket, buckets)
+    else:
+        members, sizes = pairs_in_bucket(list(map(Path, band_files)), offsets, live, simhash_k, band, bucket, buckets)
     _save(Path(out), members=members, sizes=sizes)
 
 
@@ -87,7 +95,7 @@ def ray_deduplicate(files: Sequence[dict], counts: Sequence[int], alive: np.ndar
     d = cfg.dedup
     offsets = shard_offsets(counts)
     n = int(offsets[-1])
-    buckets = dedup.buckets_for(n, d.minhash.memory_mb)
+    buckets = dedup.buckets_for(n, d.near_config().memory_mb)
     out = ensure_writable_dir(work / "dedup")
     exact_dup = np.zeros(n, dtype=bool)
     groups = 0
@@ -103,18 +111,22 @@ def ray_deduplicate(files: Sequence[dict], counts: Sequence[int], alive: np.ndar
                 groups += int(data["groups"])
     near_dup = np.zeros(n, dtype=bool)
     clusters: list[np.ndarray] = []
-    if d.minhash.enabled:
+    if d.near_config().enabled:
         live_path = _save_mask(out / "live.npy", near_live(alive, eligible, exact_dup))
         band_files = [str(f["bands"]) for f in files]
-        results = {(band, b): out / f"band-{band:03d}-{b:04d}.npz" for band in range(d.minhash.bands)
-                   for b in range(buckets)}
-        run_tasks(band_task, [(f"MinHash band {band} bucket {b}", (band_files, offsets, live_path, band, b, buckets,
-                                                                   str(p), fault))
-                              for (band, b), p in results.items() if not p.exists()], "MinHash bucket tasks", progress)
+        # SimHash: one task per block (k + 1 of them) and bucket, through the same task function
+        simhash_k = d.simhash.k if d.near == "simhash" else None
+        method, piece, pieces = (("SimHash", "block", d.simhash.k + 1) if simhash_k is not None
+                                 else ("MinHash", "band", d.minhash.bands))
+        results = {(band, b): out / f"{piece}-{band:03d}-{b:04d}.npz" for band in range(pieces) for b in range(buckets)}
+        run_tasks(band_task, [(f"{method} {piece} {band} bucket {b}", (band_files, offsets, live_path, band, b, buckets,
+                                                                       str(p), fault, simhash_k))
+                              for (band, b), p in results.items() if not p.exists()],
+                  f"{method} bucket tasks", progress)
         clustered = out / "clusters.npz"
         if not clustered.exists():
-            run_tasks(cluster_task, [("MinHash clustering", (n, [str(p) for p in results.values()], str(clustered),
-                                                             fault))], "MinHash cluster task", progress)
+            run_tasks(cluster_task, [(f"{method} clustering", (n, [str(p) for p in results.values()], str(clustered),
+                                                                 fault))], f"{method} cluster task", progress)
         with np.load(clustered) as data:
             near_dup = data["near_duplicate"]
             sizes = data["sizes"]

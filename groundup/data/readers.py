@@ -15,6 +15,12 @@ Inputs and what they become:
   lines longer than `max_record_bytes` are skipped and counted with their `file:line`. Escaped lone
   surrogates (which no UTF-8 text can hold) become U+FFFD and are counted as invalid UTF-8.
 - `.parquet`: one record per row, read a row group at a time; every column is kept.
+- `.warc`, `.arc`, `.wet` (also `.gz`, one member per record as Common Crawl writes them; needs
+  groundup[web]): one record per HTML page (data/web/records.py): `id` the WARC record id, `url`,
+  `warc` (record id, date, file, offset), and the page's main content as `text` with its `title`,
+  `language` and `language_score`; a page without main content is counted as `no_text`. With
+  `raw_html=True` (what `data curate` asks for) the HTML itself is the `text`, with `format` "html",
+  and the curator extracts it in its workers. Damaged records are counted in `ReadStats.crawl`.
 - directories: walked recursively in sorted order; source files become domain "code" with a
   `language` field, and path conventions mark `vendored`, `generated` and `minified` files (the
   code filters drop them by default, so the report shows how many there were).
@@ -37,8 +43,12 @@ from typing import IO, Iterator, Sequence
 
 import zstandard
 
+from groundup.data.web.records import RecordExtractor, iter_crawl_records
+from groundup.data.web.extract import ExtractConfig
+from groundup.data.web.warc import WarcStats, is_crawl_file
 from groundup.errors import DataError
 from groundup.io import open_compressed
+from groundup.layout import OUTPUT_MARKER_FILE
 
 TEXT_EXTENSIONS = {".txt": "text", ".md": "markdown", ".rst": "rst"}
 JSONL_EXTENSIONS = {".jsonl", ".ndjson"}
@@ -55,6 +65,8 @@ CODE_EXTENSIONS = {
 }
 COMPRESSED_SUFFIXES = (".gz", ".zst", ".zstd")
 # Walked past without a word: version-control and tool caches are never corpus material.
+# What groundup itself leaves in a folder it wrote (which verb made it, the writer's lock): not data.
+SKIP_FILES = {OUTPUT_MARKER_FILE, ".lock"}
 SKIP_DIRS = {".git", ".hg", ".svn", "__pycache__", ".mypy_cache", ".pytest_cache", ".tox", ".ruff_cache"}
 # Read, but marked: third-party code copied into a repository is someone else's (and duplicated
 # across many repositories), so the code filters drop it by default and the report counts it.
@@ -93,6 +105,11 @@ class ReadStats:
     bad_field_examples: list[str] = dataclasses.field(default_factory=list)
     unreadable_files: int = 0  # files that could not be opened or read to the end (the reason is kept)
     unreadable_examples: list[str] = dataclasses.field(default_factory=list)
+    crawl: WarcStats = dataclasses.field(default_factory=WarcStats)  # WARC/ARC/WET records by type, damage
+
+    def __post_init__(self) -> None:
+        if isinstance(self.crawl, dict):  # from to_dict(): a Ray task's or a report's counts
+            self.crawl = WarcStats.from_dict(self.crawl)
 
     def note(self, kind: str, where: str) -> None:
         """Count one problem of `kind` (a field name above) and keep its position if among the first."""
@@ -104,7 +121,9 @@ class ReadStats:
     def merge(self, other: "ReadStats") -> None:
         for f in dataclasses.fields(self):
             mine, theirs = getattr(self, f.name), getattr(other, f.name)
-            if isinstance(mine, list):
+            if isinstance(mine, WarcStats):
+                mine.merge(theirs)
+            elif isinstance(mine, list):
                 mine.extend(theirs[: MAX_PROBLEMS - len(mine)])
             else:
                 setattr(self, f.name, mine + theirs)
@@ -117,7 +136,7 @@ class ReadStats:
         out = []
         for kind in PROBLEM_KINDS:
             out += getattr(self, f"{kind.removesuffix('_files')}_examples")
-        return out[:limit]
+        return (out + self.crawl.examples(limit))[:limit]
 
 
     def summary(self) -> str:
@@ -125,6 +144,8 @@ class ReadStats:
         for kind in PROBLEM_KINDS:
             if getattr(self, kind):
                 parts.append(f"{getattr(self, kind):,} {kind.replace('_', ' ')}")
+        if self.crawl.files:
+            parts.append(self.crawl.summary())
         return ", ".join(parts)
 
 
@@ -301,12 +322,33 @@ def _code_flags(rel: str) -> dict:
     return flags
 
 
+_extractors: dict[str, RecordExtractor] = {}  # one per process: the HTML and language models load once
+
+
+def _iter_crawl(path: Path, domain: str, stats: ReadStats, raw_html: bool, max_page_bytes: int) -> Iterator[dict]:
+    """A crawl file's pages as records: extracted text, or (raw_html) the HTML for the caller to extract."""
+    for record in iter_crawl_records(path, _source_name(path), domain, stats.crawl, max_page_bytes):
+        if raw_html:
+            yield record
+            continue
+        extractor = _extractors.get("default") or _extractors.setdefault("default", RecordExtractor(ExtractConfig()))
+        extracted = extractor(record)
+        if extracted is None:
+            warc = record["warc"]
+            stats.note("no_text", f"{warc['file']}@{warc['offset']}: no main content in the HTML of {record['url']}")
+        else:
+            yield extracted
+
+
 def _iter_file(path: Path, rel: str, source: str, default_domain: str | None, stats: ReadStats,
-               max_bytes: int, in_directory: bool, require_text: bool = True) -> Iterator[dict]:
+               max_bytes: int, in_directory: bool, require_text: bool = True, raw_html: bool = False,
+               max_page_bytes: int = 8 << 20) -> Iterator[dict]:
     suffix = _base_suffix(path)
     rid = f"{source}/{rel}" if in_directory else source
     stats.files += 1
-    if suffix in JSONL_EXTENSIONS:  # records name their own source; else the file's name does
+    if require_text and is_crawl_file(path):
+        yield from _iter_crawl(path, default_domain or "text", stats, raw_html, max_page_bytes)
+    elif suffix in JSONL_EXTENSIONS:  # records name their own source; else the file's name does
         yield from _iter_jsonl(path, _source_name(path), default_domain or "text", stats, max_bytes, require_text)
     elif suffix == ".parquet":
         yield from _iter_parquet(path, _source_name(path), default_domain or "text", stats, require_text)
@@ -333,7 +375,8 @@ def _walk(root: Path) -> Iterator[Path]:
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS)
         for name in sorted(filenames):
-            yield Path(dirpath) / name
+            if name not in SKIP_FILES:
+                yield Path(dirpath) / name
 
 
 def _source_name(path: Path) -> str:
@@ -375,11 +418,13 @@ def check_inputs(paths: Sequence[str | Path]) -> None:
 
 
 def read_input_file(file: InputFile, stats: ReadStats, default_domain: str | None = None,
-                    max_record_bytes: int = 64 << 20, require_text: bool = True) -> Iterator[dict]:
-    """The records of one input file; a file that cannot be read to the end is counted and skipped."""
+                    max_record_bytes: int = 64 << 20, require_text: bool = True, raw_html: bool = False,
+                    max_page_bytes: int = 8 << 20) -> Iterator[dict]:
+    """The records of one input file; a file that cannot be read to the end is counted and skipped.
+    `raw_html`: crawl pages keep their HTML as `text` (format "html") for the caller to extract."""
     try:
         for record in _iter_file(file.path, file.rel, file.source, default_domain, stats, max_record_bytes,
-                                 file.in_directory, require_text):
+                                 file.in_directory, require_text, raw_html, max_page_bytes):
             stats.records += 1
             yield record
     except (OSError, EOFError, ValueError, zstandard.ZstdError) as e:  # truncated, corrupt (pyarrow's

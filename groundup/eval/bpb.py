@@ -13,13 +13,17 @@ context restarting at each window. A window's start-of-document prefix tokens ar
 end-of-text tokens are (as in the shards). Log-probabilities come from `model/logprobs.logprobs`.
 Bits per byte = summed negative log-likelihood / ln 2 / UTF-8 bytes of the scored tokens (the
 tokenizer's `token_bytes`; special tokens count 0 bytes), overall and per domain.
+
+`document_bits_per_byte` scores each text on its own, as `bits_per_byte` scores a file holding only
+that text; `CheckpointBitsPerByte` is that for a checkpoint path, loaded on first use (the perplexity
+filter of `data curate`, data/web/perplexity.py, takes it).
 """
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Hashable, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -27,6 +31,7 @@ import torch
 from groundup.data import ReadStats, iter_records
 from groundup.eval.perplexity import evaluate
 from groundup.eval.scoring import prefix_ids
+from groundup.loading import load_for_inference
 from groundup.model.logprobs import logprobs
 from groundup.model.loss import IGNORE_INDEX
 
@@ -46,16 +51,22 @@ def bits_per_byte(model, tokenizer, path: str | Path, *, split: str = "val", bat
 
 def _windows(tokenizer, path, seq_len: int, read_stats) -> Iterator[tuple[str, list[int], list[bool]]]:
     """(domain, window ids, scored flags) over every domain's stream, in order of arrival."""
+    texts = ((record.get("domain") or "text", record["text"]) for record in iter_records([path], read_stats))
+    return _stream_windows(tokenizer, texts, seq_len)
+
+
+def _stream_windows(tokenizer, keyed_texts: Iterable[tuple[Hashable, str]],
+                    seq_len: int) -> Iterator[tuple[Hashable, list[int], list[bool]]]:
+    """(key, window ids, scored flags) over one stream per key (a domain, or one document), in order."""
 
     prefix = prefix_ids(tokenizer)
     eot = tokenizer.eot_id
     repeat_prefix = prefix != [eot]
-    buffers: dict[str, tuple[list[int], list[bool]]] = {}
-    for record in iter_records([path], read_stats):
-        domain = record.get("domain") or "text"
+    buffers: dict[Hashable, tuple[list[int], list[bool]]] = {}
+    for domain, text in keyed_texts:
         ids, flags = buffers.setdefault(domain, ([], []))
         head = prefix if (not ids and not flags) or repeat_prefix else []
-        body = tokenizer.encode(record["text"]) + ([eot] if eot is not None else [])
+        body = tokenizer.encode(text) + ([eot] if eot is not None else [])
         ids += head + body
         flags += [False] * len(head) + [True] * len(body)
         while len(ids) > seq_len + 1:
@@ -118,3 +129,45 @@ def _text_bpb(model, tokenizer, path, batch_size: int, seq_len: int | None, prog
                 and not k.endswith("_examples")}
     return {**_scores(nll, tokens, nbytes), "domains": domains, "records": stats.records,
             "skipped": problems}
+
+
+@torch.no_grad()
+def document_bits_per_byte(model, tokenizer, texts: Sequence[str], *, batch_size: int = 8,
+                           seq_len: int | None = None) -> list[float]:
+    """Each text's bits per byte alone (its own stream `prefix, text, eot`, the windows and scoring above):
+    what `bits_per_byte` reports for a file holding only that text; nan for a text of no bytes."""
+    seq_len = min(seq_len or model.cfg.max_seq_len, model.cfg.max_seq_len)
+    token_bytes = np.asarray(tokenizer.token_bytes(), dtype=np.int64)
+    totals: dict[int, list] = {}
+    batch = []
+    was_training = model.training
+    model.eval()
+    try:
+        for window in _stream_windows(tokenizer, enumerate(texts), seq_len):
+            batch.append(window)
+            if len(batch) == batch_size:
+                _score(model, batch, token_bytes, totals)
+                batch = []
+        if batch:
+            _score(model, batch, token_bytes, totals)
+    finally:
+        model.train(was_training)
+    return [_scores(*totals[i])["bpb"] if i in totals else float("nan") for i in range(len(texts))]
+
+
+class CheckpointBitsPerByte:
+    """texts -> bits per byte each under the checkpoint at `path` (a model or run directory), loaded on the
+    first call, once per process; it pickles without the model, so spawned workers load their own."""
+
+    def __init__(self, path: str | Path, device: str = "cpu", batch_size: int = 8):
+        self.path, self.device, self.batch_size = str(path), device, batch_size
+        self._loaded = None
+
+    def __call__(self, texts: Sequence[str]) -> list[float]:
+        if self._loaded is None:
+            self._loaded = load_for_inference(self.path, self.device)
+        model, tokenizer = self._loaded
+        return document_bits_per_byte(model, tokenizer, texts, batch_size=self.batch_size)
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_loaded": None}

@@ -61,11 +61,13 @@ def curation_section(report: dict) -> list[str]:
         out += ["### Per filter and domain", ""] + markdown_table(
             ["stage", "domain", "docs in", "docs removed", "bytes removed", "top reasons"], rows)
     dedup = report.get("dedup") or {}
-    exact, minhash = dedup.get("exact") or {}, dedup.get("minhash") or {}
+    near = dedup.get("near", "minhash")  # the near-duplicate method that ran: minhash or simhash
+    exact, minhash = dedup.get("exact") or {}, dedup.get(near) or {}
     if exact or minhash:
+        how = (f"MinHash ({minhash.get('bands', '?')} bands x {minhash.get('rows', '?')} rows)" if near == "minhash"
+               else f"SimHash (at most {minhash.get('k', '?')} bits apart)")
         line = (f"Deduplication: exact removed {exact.get('removed_docs', 0):,} documents in "
-                f"{exact.get('groups', 0):,} groups; MinHash ({minhash.get('bands', '?')} bands x "
-                f"{minhash.get('rows', '?')} rows) removed {minhash.get('removed_docs', 0):,} in "
+                f"{exact.get('groups', 0):,} groups; {how} removed {minhash.get('removed_docs', 0):,} in "
                 f"{minhash.get('clusters', 0):,} clusters.")
         out += [line, ""]
         for cluster in (minhash.get("largest") or [])[:3]:
