@@ -129,3 +129,91 @@ def _shard_column(out: Path, name: str) -> list:
     import pyarrow.parquet as pq
 
     return [v for p in sorted((out / "shards").glob("part-*.parquet")) for v in pq.read_table(p)[name].to_pylist()]
+
+
+def _texts_file(path: Path, texts: list[str]) -> Path:
+    path.write_text("".join(json.dumps({"id": f"d{i}", "text": t}) + "\n" for i, t in enumerate(texts)))
+    return path
+
+
+PROSE = ["the cat sat on the mat", "the mat sat on the cat", "a cat sat on a mat", "the the the cat cat",
+         "on on on mat mat mat a a", "zebra quantum violin", "the cat sat on the mat and the cat sat on a mat"]
+
+
+def test_curate_keeps_perplexity_buckets_as_configured(tmp_path):
+    """CCNet's head/middle/tail under a KenLM model: the stage drops exactly the documents the scorer puts in
+    a dropped bucket, and the report counts every bucket."""
+    pytest.importorskip("kenlm", reason="the kenlm extra is not installed")
+    from test_web_perplexity import write_arpa
+
+    from groundup.data.web.language import LanguageIdentifier
+    from groundup.data.web.perplexity import PerplexityConfig, PerplexityScorer
+
+    model = write_arpa(tmp_path / "en.arpa")
+    cfg = PerplexityConfig(enabled=True, kenlm_model=model)
+    scorer = PerplexityScorer(cfg)
+    values = sorted(scorer.score(t, None) for t in PROSE)
+    head, middle = values[2], values[4]
+    raw = _texts_file(tmp_path / "prose.jsonl", PROSE)
+    out = tmp_path / "curated"
+    assert main(["data", "curate", "--input", str(raw), "--out", str(out), "--no-progress", "filters.text=[]",
+                 "pii.enabled=false", "dedup.minhash.enabled=false", "perplexity.enabled=true",
+                 f"perplexity.kenlm_model={model}", f"perplexity.cutoffs={{ en = [{head}, {middle}] }}",
+                 'perplexity.keep_buckets=["head", "middle"]', "language.enabled=true",
+                 "language.min_score=0"]) == 0
+    report = json.loads((out / "report.json").read_text())
+    stage = next(s for s in report["stages"] if s["name"] == "perplexity")
+    cfg.cutoffs = {"en": [head, middle]}
+    languages = [LanguageIdentifier().predict(t)[0] for t in PROSE]  # cutoffs are per language: en only here
+    buckets = [PerplexityScorer(cfg).bucket(scorer.score(t, None), lang) or "unbucketed"
+               for t, lang in zip(PROSE, languages)]
+    assert stage["extra"] == {b: buckets.count(b) for b in set(buckets)}
+    assert stage["removed_docs"] == buckets.count("tail") > 0
+    assert sorted(_shard_column(out, "id")) == [f"d{i}" for i, b in enumerate(buckets) if b != "tail"]
+
+
+def test_curate_scores_with_a_groundup_checkpoint_in_bits_per_byte(tmp_path):
+    """perplexity.checkpoint: the `data curate` verb hands the model's scorer down to the curator."""
+    from infer_helpers import model_dir, tiny_model
+
+    from groundup.eval.bpb import CheckpointBitsPerByte
+
+    path = model_dir(tmp_path / "model", tiny_model(3))
+    bpb = CheckpointBitsPerByte(path)(PROSE)
+    limit = sorted(bpb)[3]
+    raw = _texts_file(tmp_path / "prose.jsonl", PROSE)
+    out = tmp_path / "curated"
+    assert main(["data", "curate", "--input", str(raw), "--out", str(out), "--no-progress", "filters.text=[]",
+                 "pii.enabled=false", "dedup.minhash.enabled=false", "perplexity.enabled=true",
+                 f"perplexity.checkpoint={path}", f"perplexity.max_value={limit}"]) == 0
+    report = json.loads((out / "report.json").read_text())
+    stage = next(s for s in report["stages"] if s["name"] == "perplexity")
+    assert stage["removed_docs"] == sum(v > limit for v in bpb) == 3
+    assert sorted(json.loads(m)["perplexity"] for m in _shard_column(out, "meta")) == pytest.approx(sorted(bpb)[:4])
+
+
+def test_extract_killed_midway_resumes_and_writes_what_an_uninterrupted_run_writes(tmp_path):
+    import signal
+    import subprocess
+    import time
+
+    crawl = tmp_path / "crawl"
+    assert main(["data", "sample", "--crawl", "--out", str(crawl), "--pages", "120", "--pages-per-file", "30"]) == 0
+    whole, part = tmp_path / "whole", tmp_path / "part"
+    assert main(["data", "extract", str(crawl), "--out", str(whole), "--quiet"]) == 0
+    child = subprocess.Popen([sys.executable, "-m", "groundup", "data", "extract", str(crawl), "--out", str(part),
+                              "--quiet"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not list((part / ".done").glob("*.json")) and child.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    finished = len(list((part / ".done").glob("*.json")))
+    assert 1 <= finished < 4, "the kill came after every file was done: make the crawl bigger"
+    assert main(["data", "extract", str(crawl), "--out", str(part), "--quiet"]) == 0
+    report = json.loads((part / "report.json").read_text())
+    assert report["files_reused"] == finished
+    names = ["crawl-00000.jsonl", "crawl-00001.jsonl", "crawl-00002.jsonl", "crawl-00003.jsonl"]
+    assert sorted(p.name for p in part.glob("*.jsonl")) == names  # no half-written file under a final name
+    for name in names:
+        assert (part / name).read_bytes() == (whole / name).read_bytes(), name
