@@ -327,7 +327,10 @@ _extractors: dict[str, RecordExtractor] = {}  # one per process: the HTML and la
 
 def _iter_crawl(path: Path, domain: str, stats: ReadStats, raw_html: bool, max_page_bytes: int) -> Iterator[dict]:
     """A crawl file's pages as records: extracted text, or (raw_html) the HTML for the caller to extract."""
+    pages_before = stats.crawl.page_bytes
     for record in iter_crawl_records(path, _source_name(path), domain, stats.crawl, max_page_bytes):
+        stats.bytes += stats.crawl.page_bytes - pages_before  # the payloads read (decoded HTML or WET text)
+        pages_before = stats.crawl.page_bytes
         if raw_html:
             yield record
             continue
