@@ -7,7 +7,8 @@ many LoRA adapters in one batch, echo + log-probs for evaluation harnesses, metr
     adapters.py     multi-LoRA on one base                  tokens.py     prompts, chats, token strings
     adapter_updates.py  loading and unloading adapters while serving (vLLM's /v1/load_lora_adapter)
     responses.py    OpenAI's response objects               metrics.py    Prometheus text
-    server.py       what one serving process holds          page.py/.html the chat page
+    server.py       what one serving process holds          page.py/.html the chat page (and blind battles)
+    votes.py        blind battles between two served models, voted by people, appended to a battle log
     commands.py     the CLI verb
 
 FastAPI and uvicorn (the `serve` extra) are imported only here.

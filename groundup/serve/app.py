@@ -9,13 +9,17 @@
     POST /tokenize, /detokenize  GET /tokenizer_info   (vLLM's; lm-evaluation-harness uses them)
     POST /v1/load_lora_adapter, /v1/unload_lora_adapter   (vLLM's; with --allow-adapter-updates:
                                  adapter_updates.py)
+    GET  /arena                  whether blind battles are on ({"enabled", "ready", "models", "message"})
+    POST /arena/battle, /arena/answer, /arena/vote   blind battles between two served models, voted by people
+                                 (with --arena-log FILE: votes.py; the chat page's "Blind battle" mode)
     GET  /metrics                Prometheus text
     GET  /openapi.json           the API's OpenAPI schema, request bodies included (protocol.py's models)
 
 Every failure is a JSON error object `{"error": {"message", "type", "param", "code"}}` with a 4xx
 or 5xx status, and the server goes on: 400 (bad JSON, fields, limits, context), 401 (with
 `--api-key`: a missing or wrong `Authorization: Bearer KEY` on anything but `/` and `/health`),
-404 (unknown model or path), 405, 409 (unloading an adapter in use), 413 (a body over the limit), 503 (queue
+404 (unknown model, path or battle), 405, 409 (unloading an adapter in use; a battle voted or answered twice, or
+with fewer than two models), 413 (a body over the limit), 503 (queue
 full, shutting down),
 500 (a bug, logged). A client that goes away before its body has arrived is no error: nothing is logged, and
 /metrics counts it under 499 (nginx's "client closed request"). tests/test_serve_fuzz.py holds all this
@@ -44,14 +48,16 @@ from groundup.serve.protocol import (APIError, ChatCompletionRequest, Completion
                                      TokenizeRequest, parse, request_schemas)
 from groundup.serve.server import Server
 from groundup.serve.streaming import stream
+from groundup.serve.votes import HOW_TO_ENABLE as ARENA_HOW_TO_ENABLE, AnswerRequest, BattleRequest, VoteRequest
 
 log = logging.getLogger("groundup.serve")
 
 OPEN_PATHS = {"/", "/health", "/favicon.ico"}
 KNOWN_PATHS = {"/", "/health", "/v1/models", "/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize",
-               "/tokenizer_info", "/metrics", "/v1/load_lora_adapter", "/v1/unload_lora_adapter", "/openapi.json"}
+               "/tokenizer_info", "/metrics", "/v1/load_lora_adapter", "/v1/unload_lora_adapter", "/openapi.json",
+               "/arena", "/arena/battle", "/arena/answer", "/arena/vote"}
 BODIES = (CompletionRequest, ChatCompletionRequest, TokenizeRequest, DetokenizeRequest, LoadLoRAAdapterRequest,
-          UnloadLoRAAdapterRequest)
+          UnloadLoRAAdapterRequest, BattleRequest, AnswerRequest, VoteRequest)
 
 
 def body_schema(model) -> dict:
@@ -149,9 +155,11 @@ def create_app(server: Server) -> FastAPI:
         return error_response(APIError(500, f"internal error: {type(e).__name__}", type="server_error",
                                        code="internal_error"))
 
-    async def respond(plan, request: Request) -> Response:
+    async def respond(plan, request: Request, keep=None) -> Response:
         run = Run(server, plan, None if plan.stream else request)
         await run.__aenter__()
+        if keep is not None:  # a battle's answer keeps its run: the text it logs is the text sent
+            keep(run)
         if plan.stream:
             return StreamingResponse(stream(run), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -231,6 +239,37 @@ def create_app(server: Server) -> FastAPI:
         if server.updates is None:
             raise APIError(404, f"{request.method} {request.url.path}: {HOW_TO_ENABLE}", code="not_found")
         return server.updates
+
+    @app.get("/arena")
+    async def arena_status():
+        if server.arena is None:
+            return {"enabled": False, "ready": False, "models": len(server.model_names()),
+                    "message": ARENA_HOW_TO_ENABLE}
+        return server.arena.status()
+
+    @app.post("/arena/battle", openapi_extra=body_schema(BattleRequest))
+    async def arena_battle(request: Request):
+        arena = _arena(request)
+        return arena.open(parse(BattleRequest, await read_body(request, limit)))
+
+    @app.post("/arena/answer", openapi_extra=body_schema(AnswerRequest))
+    async def arena_answer(request: Request):
+        arena = _arena(request)
+        plan, answer = arena.plan_answer(parse(AnswerRequest, await read_body(request, limit)))
+        try:
+            return await respond(plan, request, keep=answer.attach)
+        finally:
+            answer.release()  # only if its run never started (busy, shutting down): then it may be asked again
+
+    @app.post("/arena/vote", openapi_extra=body_schema(VoteRequest))
+    async def arena_vote(request: Request):
+        arena = _arena(request)
+        return await arena.vote(parse(VoteRequest, await read_body(request, limit)))
+
+    def _arena(request: Request):
+        if server.arena is None:
+            raise APIError(404, f"{request.method} {request.url.path}: {ARENA_HOW_TO_ENABLE}", code="not_found")
+        return server.arena
 
     @app.get("/tokenizer_info")
     async def tokenizer_info():

@@ -2,11 +2,16 @@
 
     groundup serve --model out/model [--adapter sql=adapters/sql ...] [--host 127.0.0.1] [--port 8000]
                    [--api-key KEY] [--max-batch 16] [--max-tokens N] [--allow-adapter-updates]
+                   [--arena-log votes.jsonl]
 
 With --allow-adapter-updates, clients load and unload adapters while it serves, with vLLM's API:
 POST /v1/load_lora_adapter {"lora_name": NAME, "lora_path": DIR} and POST /v1/unload_lora_adapter
 {"lora_name": NAME} (serve/adapter_updates.py). Off by default: a client could then make the server read
 any directory it can (safetensors and JSON only); pair it with --api-key.
+
+With --arena-log FILE (and two models at least, e.g. the base and an adapter), the chat page offers blind
+battles: one prompt, two anonymous models drawn at random answering side by side, four vote buttons; each
+vote is a line of FILE, a battle log `groundup arena --battles FILE` rates (serve/votes.py).
 
 Listens on 127.0.0.1 unless told otherwise. Ctrl-C (SIGINT) or SIGTERM stops accepting connections,
 lets in-flight requests finish for up to --grace seconds, then exits 0; a second Ctrl-C exits at once.
@@ -35,6 +40,12 @@ def serve_arguments(p: argparse.ArgumentParser) -> None:
                    help="let clients load and unload LoRA adapters at run time (POST /v1/load_lora_adapter "
                         "{lora_name, lora_path}, /v1/unload_lora_adapter {lora_name}: vLLM's API); a client can then "
                         "make the server read any adapter directory it can reach, so use --api-key too (default: off)")
+    p.add_argument("--arena-log", default=None, metavar="FILE",
+                   help="turn on blind battles: the chat page's 'Blind battle' mode sends one prompt to two served "
+                        "models drawn at random, shown as Model A and Model B until you vote (A is better, B is "
+                        "better, Tie, Both are bad); each vote appends a line to FILE (JSONL with FastChat's battle "
+                        "columns: model_a, model_b, winner, ...), which `groundup arena --battles FILE` rates. Needs "
+                        "two models at least: the base model and an --adapter (default: off)")
     p.add_argument("--name", default=None, help="the base model's name in the API (default: the model's directory name)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
     p.add_argument("--port", type=int, default=8000, help="(default: 8000)")
@@ -81,6 +92,7 @@ def build_server(args: argparse.Namespace):
     from groundup.infer.speculative import speculator_from_args
     from groundup.loading import load_for_inference
     from groundup.serve.server import Limits, Server
+    from groundup.serve.votes import require_two
 
     if args.threads is not None:
         if args.threads < 1:
@@ -91,11 +103,14 @@ def build_server(args: argparse.Namespace):
                     max_body_bytes=args.max_body_bytes, max_waiting=args.max_waiting,
                     max_prefill_tokens=args.max_prefill_tokens, kv_blocks=args.kv_blocks)
     limits.validate()
-    model, tok = load_for_inference(args.model, args.device, args.dtype, args.tokenizer)
     name = args.name or Path(args.model).resolve().name
+    if args.arena_log is not None:  # before the model loads
+        require_two([name, *adapters], args.allow_adapter_updates)
+    model, tok = load_for_inference(args.model, args.device, args.dtype, args.tokenizer)
     speculator = speculator_from_args(args, tok, model.device, model.dtype)
     return Server(model, tok, name=name, adapters=adapters, limits=limits, api_key=args.api_key or None,
-                  speculator=speculator, compile=args.compile, allow_adapter_updates=args.allow_adapter_updates)
+                  speculator=speculator, compile=args.compile, allow_adapter_updates=args.allow_adapter_updates,
+                  arena_log=args.arena_log)
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -122,6 +137,8 @@ def serve(args: argparse.Namespace) -> int:
           f"{', API key required' if server.api_key else ''}"
           f"{', adapters load and unload at run time' if server.updates is not None else ''})",
           file=sys.stderr, flush=True)
+    if server.arena is not None:
+        print(f"blind battles: {where}/#arena, votes appended to {args.arena_log}", file=sys.stderr, flush=True)
     graceful_server(config).run()
     print("server stopped", file=sys.stderr, flush=True)
     return 0

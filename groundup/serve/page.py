@@ -3,8 +3,11 @@
 A conversation whose replies stream in (fetch + ReadableStream over the chat endpoint's server-sent
 events), a stop button (AbortController: the server frees the row at once), a system prompt,
 temperature and max-tokens fields, the model or adapter to talk to (from /v1/models), an API key
-field (kept in the browser's localStorage) and a new-chat button. `HEADERS` adds a Content-Security-
-Policy that lets the page talk to this server only.
+field (kept in the browser's localStorage) and a new-chat button. With the server's --arena-log, a "Blind
+battle" button (or the address /#arena) turns it into a side-by-side battle: one prompt, Model A and Model B
+answering at once (POST /arena/battle, then /arena/answer for each side), four vote buttons (A is better, B is
+better, Tie, Both are bad: POST /arena/vote), and the two names shown only once the vote is recorded
+(serve/votes.py). `HEADERS` adds a Content-Security-Policy that lets the page talk to this server only.
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@
 
 The base model is served as `name`, each adapter as its own name (the request's `model` field picks
 one); the base weights exist once (serve/adapters.py). With `allow_adapter_updates`, clients load and
-unload adapters while it serves (serve/adapter_updates.py: `updates`).
+unload adapters while it serves (serve/adapter_updates.py: `updates`). With `arena_log`, people vote on blind
+battles between two of the served models, appended to that file (serve/votes.py: `arena`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from groundup.serve.metrics import Metrics
 from groundup.serve.protocol import APIError
 from groundup.serve.scheduler import Scheduler
 from groundup.serve.tokens import TokenText
+from groundup.serve.votes import Arena
 
 
 @dataclass
@@ -48,7 +50,7 @@ class Limits:
 class Server:
     def __init__(self, model, tokenizer, name: str = "groundup", adapters: dict[str, str | Path] | None = None,
                  limits: Limits | None = None, api_key: str | None = None, speculator=None,
-                 compile: bool = False, allow_adapter_updates: bool = False):
+                 compile: bool = False, allow_adapter_updates: bool = False, arena_log: str | Path | None = None):
         self.model, self.tokenizer, self.name = model.eval(), tokenizer, name
         self.limits = limits or Limits()
         self.limits.validate()
@@ -73,6 +75,7 @@ class Server:
         self.created = int(time.time())
         self.started = False
         self.updates = AdapterUpdates(self) if allow_adapter_updates else None
+        self.arena = None if arena_log is None else Arena(self, arena_log, models_can_change=allow_adapter_updates)
 
     def start(self) -> None:
         if not self.started:
