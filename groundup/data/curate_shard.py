@@ -215,9 +215,20 @@ class ShardCurator:
         cfg = self.cfg
         stats = StageStats(cfg.output.examples, cfg.output.snippet_chars)
         read = len(records)
-        self.extractor.reset()  # what extraction remembers across pages is per shard: the same on any executor
-        # crawl pages become text first, so every later stage (and the audit) sees what a reader would
-        records = [t for r in records if (t := (self._extract(r, stats) if r.get("format") == HTML_FORMAT else r))]
+        # Crawl pages become text first, so every later stage (and the audit) sees what a reader would. What
+        # extraction remembers across pages (trafilatura's deduplication) lasts one crawl file, as a datatrove
+        # task, or one shard if the file is longer: the same on any executor and any number of workers.
+        self.extractor.reset()
+        extracted, file = [], None
+        for r in records:
+            if r.get("format") == HTML_FORMAT:
+                if file is not None and r["warc"]["file"] != file:
+                    self.extractor.reset()
+                file = r["warc"]["file"]
+                r = self._extract(r, stats)
+            if r is not None:
+                extracted.append(r)
+        records = extracted
         kept = [k for r in records if (k := self._curate_record(r, stats)) is not None]
         if cfg.output.audit_docs:
             self._audit(records, stats)
