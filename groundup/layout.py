@@ -70,6 +70,8 @@ METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
 DATA_REPORT_FILE = "data_report.json"  # post-training runs: examples, packing, padding, dropped, replay
 REFERENCE_LOGPS_FILE = "reference_logps.safetensors"  # DPO/KTO: the reference model's log-likelihoods, once
+STEP_LABELS_FILE = "step_labels.jsonl"  # `rm --process`: the Math-Shepherd step labels it trained on
+PROCESS_REWARD_FILE = "process_reward.json"  # `rm --process`: how its solutions split into steps (prm:PATH reads it)
 CHECKPOINTS_DIR = "checkpoints"
 LATEST_POINTER = "latest"
 CHECKPOINT_META_FILE = "meta.json"
@@ -262,7 +264,8 @@ FOLDER_VERBS: dict[str, str] = {
     "train": RUN, "sft": RUN, "dpo": RUN, "kto": RUN, "rm": RUN, "grpo": RUN, "rft": CONTINUED,
     "merge-lora": REPLACED, "quantize": REPLACED, "export hf": REPLACED, "import hf": REPLACED,
     "import gguf": REPLACED, "eval": REPLACED, "eval contamination": REPLACED, "demo": CONTINUED,
-    "data annotate": CONTINUED, "report": ANNOTATES,
+    "eval --export-lm-eval": REPLACED, "eval --compare": REPLACED,
+    "data annotate": CONTINUED, "report": ANNOTATES, "arena": CONTINUED,
 }  # fmt: skip
 REPORTED = {"train", "sft", "dpo", "kto", "rm", "grpo", "rft", "demo"}  # what `report` writes report.md into
 POSTTRAIN_SECTIONS = ("rft", "sft", "dpo", "kto", "grpo", "rm")  # a run's config.toml section naming its verb

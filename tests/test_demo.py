@@ -26,12 +26,13 @@ MICRO = ["limit_per_source=40", "math_count=300", "chat_math_count=300", "chunk_
          "grpo.grpo.max_new_tokens=8", "grpo.grpo.eval_count=4",
          "scorecard.math_problems=8", "scorecard.chats_per_domain=2", "scorecard.mc_tasks=arc_easy",
          "scorecard.mc_items=8", "scorecard.max_new_tokens=40", "scorecard.bpb_batches=2", "scorecard.decode_tokens=8",
+         "arena.prompts=2", "arena.battles_per_pair=2", "arena.max_tokens=8", "arena.bootstrap=20",
          # A 40-chunk slice holds one or two works: holding out whole works would leave no text on one side.
          'tokenize.split_group=""', 'tokenizer.holdout_group=""',
          "short_budget=run"]  # the budget is spent at once: run every stage for its few steps anyway
 STAGES = ["sample", "chat", "curate", "tokenizer", "tokenize", "untrained", "measure", "score_untrained", "pretrain", "export_base", "score_base", "samples",
           "sft", "export_sft", "score_sft", "align", "export_aligned", "score_aligned", "quantize",
-          "score_aligned-int8"]
+          "score_aligned-int8", "arena"]
 ROWS = ["untrained", "base", "sft", "aligned", "aligned-int8"]
 
 
@@ -51,7 +52,7 @@ def test_every_stage_leaves_its_output(demo_dir):
                  "curated/report.json", "tokenizer/tokenizer.json", "tokens/index.json", "run/metrics.jsonl",
                  "sft/metrics.jsonl", "align/metrics.jsonl", "samples.json", "report.md", "plots/loss.png",
                  "plots/sft_loss.png", "plots/align.png", "commands.sh", "budget.json", "configs/pretrain.toml",
-                 "configs/sft.toml", "configs/grpo.toml"):
+                 "configs/sft.toml", "configs/grpo.toml", "arena/ratings.json", "arena/battles.jsonl", "arena-prompts.jsonl"):
         assert (demo_dir / path).exists(), path
     for name in ROWS:
         assert (demo_dir / "models" / name / "model.toml").is_file(), name
@@ -71,6 +72,7 @@ def test_each_training_stage_ran_under_its_planned_time_limit(demo_dir):
         assert summary["steps"] >= 1
     commands = (demo_dir / "commands.sh").read_text()
     assert "groundup sft" in commands and "groundup grpo" in commands and "--method int8" in commands
+    assert "groundup arena --models untrained=" in commands and "judge_verdict_only=true" in commands
 
 
 def test_the_report_card_has_a_row_per_model_with_every_measure(demo_dir):
@@ -90,7 +92,7 @@ def test_the_report_card_has_a_row_per_model_with_every_measure(demo_dir):
     report = (demo_dir / "report.md").read_text()
     for heading in ("## Time per stage", "## Time budget", "## The models", "## Curation",
                     "## Tokenizer and token shards", "## Model", "## Training", "## Fine-tuning and alignment",
-                    "## Conversations before and after alignment", "## Samples", "![loss](plots/loss.png)",
+                    "## Conversations before and after alignment", "## Samples", "## Arena", "![loss](plots/loss.png)",
                     "![sft_loss](plots/sft_loss.png)", "![align](plots/align.png)"):
         assert heading in report, heading
     table = report.split("## The models")[1].split("\n\n")[1]
@@ -147,3 +149,16 @@ def test_a_budget_too_short_is_refused_before_pretraining(demo_dir, tmp_path, ca
     message = [line for line in err.splitlines() if line.startswith("error:")][0]
     assert "0.05-minute budget cannot hold the whole chain" in message and "--budget-minutes " in message
     assert not (out / "run").exists()  # pretraining never started
+
+
+def test_the_arena_rates_every_model_from_battles_its_judge_always_decided(demo_dir):
+    """The demo's own aligned model judges with its verdict alone: every order of every battle parses, and
+    the four models get Bradley-Terry ratings with intervals."""
+    ratings = json.loads((demo_dir / "arena" / "ratings.json").read_text())
+    assert sorted(r["model"] for r in ratings["models"]) == ["aligned", "base", "sft", "untrained"]
+    assert ratings["battles"] == 6 * 2 and ratings["rows"] == 2 * ratings["battles"]  # 6 pairs, both orders
+    assert all(r["lower"] <= r["rating"] <= r["upper"] for r in ratings["models"])
+    assert not (demo_dir / "arena" / "unparsable.jsonl").exists() or \
+        not (demo_dir / "arena" / "unparsable.jsonl").read_text().strip()
+    table = (demo_dir / "report.md").read_text().split("## Arena")[1]
+    assert "| **" in table and "gave the same verdict in both orders" in table

@@ -91,12 +91,19 @@ def made(tmp_path_factory):
     (inputs / "items.jsonl").write_text(json.dumps({"q": "1 + 1", "a": "2"}) + "\n")
     task.write_text('name = "sums"\ndata = "items.jsonl"\nkind = "generate"\ncontext = "{q} ="\ntarget = "a"\n')
     ok("eval", "contamination", "--tasks", task, "--data", raw, "--out", o["eval contamination"], "--quiet")
+    ok("eval", "--model", run, "--tasks", task, "--out", inputs / "sums-eval", "--quiet")  # what --compare reads
+    ok("eval", "--compare", inputs / "sums-eval", inputs / "sums-eval", "--out", o["eval --compare"])
+    ok("eval", "--tasks", "arc_easy", "--export-lm-eval", o["eval --export-lm-eval"])
     judge = FakeJudge()  # data annotate's endpoint: a local fake OpenAI-compatible server
     try:
         ok("data", "annotate", "--input", raw, "--endpoint", judge.url, "--model", "judge", "--out",
            o["data annotate"], "--sample", "20", "--bits", "8", "--quiet")
     finally:
         judge.close()
+    battles = inputs / "battles.jsonl"  # a battle log in FastChat's columns, rated by `arena --battles`
+    battles.write_text("".join(json.dumps({"model_a": a, "model_b": b, "winner": w}) + "\n"
+                               for a, b, w in (("x", "y", "model_a"), ("y", "x", "tie"), ("x", "y", "model_b"))))
+    ok("arena", "--battles", battles, "--out", o["arena"], "--bootstrap", "0", "--quiet")
     # The demo runs the whole chain for minutes: its folder is the one it claims before its first stage.
     import groundup.demo.run as demo_run
 
@@ -104,7 +111,8 @@ def made(tmp_path_factory):
         mp.setattr(demo_run.Demo, "run", lambda self: None)
         ok("demo", "--out", o["demo"])
     yield {"out": o, "run": run, "raw": raw, "chat": chat, "pairs": pairs, "feedback": feedback,
-            "prompts": prompts, "gguf": gguf, "task": task, "crawl": crawl}
+            "prompts": prompts, "gguf": gguf, "task": task, "crawl": crawl,
+            "battles": battles}
     sys.path.remove(str(inputs))
 
 
@@ -139,11 +147,15 @@ def writer_argv(verb: str, out: Path, m: dict, resume: bool = False) -> list:
         "eval": ["eval", "--model", run, "--bpb", m["raw"], "--out", out],
         "eval contamination": ["eval", "contamination", "--tasks", m["task"], "--data", m["raw"], "--out", out,
                                "--quiet"],
+        "eval --compare": ["eval", "--compare", m["task"].parent / "sums-eval", m["task"].parent / "sums-eval",
+                           "--out", out],
+        "eval --export-lm-eval": ["eval", "--tasks", "arc_easy", "--export-lm-eval", out],
         "data annotate": ["data", "annotate", "--input", m["raw"], "--endpoint", "http://127.0.0.1:9/v1", "--model", "m",
                           "--out", out, "--quiet"],
         "data train-classifier": ["data", "train-classifier", "--positive", m["raw"], "--negative", m["raw"],
                                   "--out", out, "--epochs", "1", "--bits", "8"],
         "report": ["report", out],
+        "arena": ["arena", "--battles", m["battles"], "--out", out, "--bootstrap", "0", "--quiet"],
         "demo": ["demo", "--out", out],
     }[verb]
 

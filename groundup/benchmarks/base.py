@@ -195,6 +195,10 @@ class Task:
     max_gen_toks: int | None = None
     group: str | None = None
     skipped: list[str] = field(default_factory=list)
+    # the documents the items are built from and the few-shot pool, in the shape lm-eval reads them (None: a
+    # task built otherwise: mmlu over its subjects, custom tasks); eval/lm_eval_export.py writes them out
+    docs: Callable[[], list[dict]] | None = field(default=None, repr=False)
+    fewshot_docs: Callable[[], list[dict]] | None = field(default=None, repr=False)
 
     def items(self, limit: int | None = None, num_fewshot: int | None = None, seed: int = 1234) -> list[Item]:
         """The first `limit` items (all when None) with `num_fewshot` examples (the task's default
@@ -229,4 +233,4 @@ def lm_task(
         sampler = FewshotSampler(pool_docs, seed, first_n=first_n, exclude_self=exclude_self, name=name)
         return [item(f"{name}/{i}", tpl, doc, sampler.sample(num_fewshot, doc)) for i, doc in enumerate(selected)]
 
-    return Task(name=name, build=build, files=files, **fields)
+    return Task(name=name, build=build, files=files, docs=docs, fewshot_docs=pool, **fields)

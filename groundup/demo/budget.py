@@ -35,8 +35,9 @@ from groundup.demo.costs import Costs
 STAGES = ["pretrain", "sft", "align"]
 ROWS_AFTER = {"pretrain": ["base", "sft", "aligned", "aligned-int8"], "sft": ["sft", "aligned", "aligned-int8"],
               "align": ["aligned", "aligned-int8"]}  # the report-card rows still to come when a stage starts
-FIXED_AFTER = {"pretrain": ("samples", "exports", "quantize", "report"), "sft": ("exports", "quantize", "report"),
-               "align": ("exports", "quantize", "report")}
+FIXED_AFTER = {"pretrain": ("samples", "exports", "quantize", "arena", "report"),
+               "sft": ("exports", "quantize", "arena", "report"), "align": ("exports", "quantize", "arena", "report")}
+FULL_CHAIN_ONLY = ("quantize", "arena")  # run only when the demo goes to its end (no `until`)
 FULL_BUDGET_S = 15 * 60  # the scorecard's and the evaluations' item counts are given for a 15-minute demo
 SAFETY = 1.1  # the smallest budget named holds what the measurements ask for, and a tenth more
 MINUTES_STEP = 0.5  # the smallest budget is named in half minutes
@@ -104,7 +105,8 @@ class DemoBudget:
         left = self.left() if left is None else left
         least = {s: costs.least(s, self.cfg, self.scale) for s in remaining}
         rows = sum(costs.row(name) for name in self.rows_after(stage))
-        fixed = costs.fixed(*[f for f in FIXED_AFTER[stage] if f != "quantize" or not self.cfg.until])
+        fixed = costs.fixed(*[f for f in FIXED_AFTER[stage] if f not in FULL_CHAIN_ONLY or not self.cfg.until
+                              if f != "arena" or self.cfg.arena.enabled])
         reserved = rows + fixed + sum(least.values()) + costs.overrun_s * len(remaining)
         surplus = left - reserved
         shares = {s: getattr(self.cfg.shares, s) for s in remaining}

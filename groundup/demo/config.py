@@ -56,6 +56,22 @@ def _curate() -> CurateConfig:
 
 
 @dataclass
+class ArenaDemoConfig:
+    """The report card's arena: the demo's models answer held-out chat prompts, a judge picks the better
+    answer of each pair (both orders), and `groundup arena` rates them (Bradley-Terry, as FastChat)."""
+
+    enabled: bool = True  # false: no arena table
+    prompts: int = 6  # held-out chat prompts per domain (math, code, text) every model answers
+    battles_per_pair: int = 4  # battles each pair of models fights (each judged in both orders)
+    max_tokens: int = 48  # longest answer, in tokens
+    # the judge: "" = the demo's aligned model in this process, held to the verdict alone ([[A]]..[[D]]:
+    # a model this small cannot write reasons and a verdict); or an OpenAI-compatible endpoint URL#model
+    # (its key from OPENAI_API_KEY) or any groundup checkpoint, judging freely
+    judge: str = ""
+    bootstrap: int = 200  # bootstrap rounds of the rating intervals
+
+
+@dataclass
 class SampleConfig:
     max_new_tokens: int = 96  # tokens the base model generates per prompt (OUT/samples.json)
     temperature: float = 0.7  # sampling temperature; 0 = greedy
@@ -175,6 +191,7 @@ class DemoConfig:
     pairs: PairsConfig = field(default_factory=PairsConfig)
     scorecard: ScorecardConfig = field(default_factory=ScorecardConfig)
     samples: SampleConfig = field(default_factory=SampleConfig)
+    arena: ArenaDemoConfig = field(default_factory=ArenaDemoConfig)
 
     def validate(self) -> None:
         if self.budget_minutes <= 0:

@@ -27,7 +27,7 @@ from groundup.demo.scorecard import scaled
 FEW_STEPS = {"pretrain": 5, "sft": 5, "align": 3}  # the least a training stage runs: a few steps
 # A training verb's start-up before its first step on a quiet 2-core machine (SFT renders its conversations)
 STARTUP_S = {"pretrain": 2.0, "sft": 8.0, "align": 3.0}
-FIXED_S = {"samples": 2.0, "exports": 1.0, "quantize": 1.0, "report": 4.0}  # quiet 2-core machine
+FIXED_S = {"samples": 2.0, "exports": 1.0, "quantize": 1.0, "arena": 12.0, "report": 4.0}  # quiet 2-core machine
 ROW_MARGIN = 1.1  # a later row may take a little longer than the one measured (longer replies)
 PROMPT_TOKENS = 32  # a rendered chat-math prompt, about (GRPO rollouts, DPO pairs)
 REFERENCE_FORWARD = 1 / 3  # a reference model's forward: a third of a training step's tokens

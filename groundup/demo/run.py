@@ -34,6 +34,7 @@ from groundup.config import save_config, to_toml
 from groundup.demo.budget import DemoBudget
 from groundup.demo.config import DemoConfig
 from groundup.demo.costs import Costs
+from groundup.demo.arena_stage import arena_arguments, write_prompts
 from groundup.demo.measure import measure_machine, train_step_seconds
 from groundup.demo.post import PostStages
 from groundup.demo.stages import StageRunner, banner
@@ -143,7 +144,20 @@ class Demo:
             if c.until != "sft":
                 post.align()
                 post.quantize()
+                if c.arena.enabled:
+                    self._arena()
         return self.finish(post)
+
+    def _arena(self) -> None:
+        o, dest, prompts = self.out, self.out / "arena", self.out / "arena-prompts.jsonl"
+
+        def run() -> str:
+            write_prompts(o / "chat", prompts, self.cfg.arena.prompts)
+            self.verb(*arena_arguments(o, self.cfg.arena, prompts))
+            return str(dest / "ratings.json")
+
+        self.runner.run("arena", "Arena: the models judge each other's answers; Bradley-Terry ratings",
+                        to_toml(self.cfg.arena), [dest, prompts], run)
 
     def _early_check(self) -> None:
         """Before the first stage of a fresh demo: refuse a budget that clearly cannot hold the chain."""

@@ -5,6 +5,8 @@
     groundup eval --model out/model --bpb out/tokens heldout.jsonl
     groundup eval contamination --data out/curated --tasks core,gsm8k --out contam/
     groundup eval contamination --model out/model --tasks arc_easy --reference shuffled
+    groundup eval --tasks arc_easy,gsm8k --export-lm-eval lm_tasks/    (lm_eval --include_path lm_tasks: no model)
+    groundup eval --compare eval/base eval/sft --out compare/           (paired tests per task: no model)
 
 Everything a user can get wrong (an unknown task, a custom task file with a missing field, a
 missing benchmark package, an --out that holds something) is checked before the model is loaded
@@ -46,7 +48,7 @@ def _out_arguments(p: argparse.ArgumentParser, what: str) -> None:
 
 
 def evaluate_arguments(p: argparse.ArgumentParser) -> None:
-    _model_arguments(p, required=True)
+    _model_arguments(p, required=False)  # required unless --export-lm-eval alone or --compare
     p.add_argument("--tasks", default=None,
                    help="comma-separated tasks, groups (core, generative, mmlu_stem, ...) or custom task .toml files")
     p.add_argument("--limit", type=int, default=None, help="first N items of each task (mmlu: of each subject)")
@@ -61,12 +63,19 @@ def evaluate_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--k", type=_ks, default=(1,), help="pass@k values, each <= --samples (default: 1)")
     g.add_argument("--temperature", type=float, default=None, help="default: 0 (greedy) for 1 sample, else 0.8")
     g.add_argument("--max-gen-tokens", type=int, default=None, help="default: each task's (lm-eval's 256)")
-    g.add_argument("--seed", type=int, default=1234, help="sampling seed (default: 1234)")
+    g.add_argument("--seed", type=int, default=1234, help="sampling seed; --compare: the bootstrap's (default: 1234)")
     g.add_argument("--sandbox-timeout", type=float, default=10.0, help="seconds per program (default: 10)")
     g.add_argument("--workers", type=int, default=None, help="sandbox processes (default: one per CPU)")
     p.add_argument("--bootstrap-iters", type=int, default=100_000,
                    help="resamples for bootstrapped standard errors, as lm-eval (default: 100000; 0: none)")
-    _out_arguments(p, "results.json, results.md and items/<task>.jsonl")
+    r = p.add_argument_group("reproducing and comparing (no model needed)")
+    r.add_argument("--export-lm-eval", type=Path, default=None, metavar="DIR",
+                   help="write the --tasks' offline items as lm-eval task files in DIR: `lm_eval --include_path DIR` "
+                        "then scores the same items (with --model, the evaluation runs too)")
+    r.add_argument("--compare", nargs=2, type=Path, default=None, metavar=("A", "B"),
+                   help="compare two `groundup eval --out` folders (or results.json files) task by task with paired "
+                        "tests (McNemar, paired bootstrap seeded with --seed); --out gets compare.json, compare.md")
+    _out_arguments(p, "results.json, results.md and items/<task>.jsonl (--compare: compare.json, compare.md)")
 
 
 def _resolve(spec: str | None):
@@ -150,9 +159,15 @@ def evaluate(args: argparse.Namespace) -> int:
     from groundup.eval.results import render_table
     from groundup.layout import claim_output_dir
 
+    if args.compare is not None:
+        return compare(args)
+    if args.model is None and args.export_lm_eval is None:
+        raise ConfigError("--model is required (--export-lm-eval DIR and --compare A B need none)", key="model")
     if not args.tasks and not args.bpb:
         raise ConfigError("nothing to evaluate: pass --tasks (names, groups or .toml files) and/or --bpb PATH",
                           key="tasks")
+    if args.export_lm_eval is not None:
+        _check_export(args)
     settings = EvalSettings(limit=args.limit, num_fewshot=args.num_fewshot, batch_size=args.batch_size,
                             gen_batch_size=args.gen_batch_size, bootstrap_iters=args.bootstrap_iters,
                             samples=args.samples, ks=args.k, temperature=args.temperature,
@@ -169,6 +184,14 @@ def evaluate(args: argparse.Namespace) -> int:
     if args.out is not None:
         claim_output_dir(args.out, "eval", overwrite=args.overwrite, sources=[args.model])
     tasks = _resolve(args.tasks)
+    if args.export_lm_eval is not None:
+        from groundup.eval.lm_eval_export import export_lm_eval, summary
+
+        manifest = export_lm_eval(tasks, args.export_lm_eval, num_fewshot=args.num_fewshot, limit=args.limit,
+                                  max_gen_tokens=args.max_gen_tokens, overwrite=args.overwrite)
+        print(summary(manifest, args.export_lm_eval), file=sys.stdout if args.model is None else sys.stderr)
+        if args.model is None:
+            return 0
     started = time.perf_counter()
     model, tok = _load(args)
     results: dict = {"version": 1, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -201,6 +224,46 @@ def evaluate(args: argparse.Namespace) -> int:
         r = dead[0]
         raise DataError(f"task {r['name']}: none of its {r['items']} items could be scored (first: "
                         f"{r['failures'][0]['reason']})")
+    return 0
+
+
+def _check_export(args) -> None:
+    if not args.tasks:
+        raise ConfigError("--export-lm-eval writes tasks: pass --tasks", key="tasks")
+    if args.samples != 1:
+        raise ConfigError(f"--export-lm-eval: lm-eval's task definitions decode greedily, one sample per item; "
+                          f"--samples {args.samples} has no lm-eval counterpart to export", key="samples")
+    if args.model is None and (args.out is not None or args.bpb):
+        flag = "--out" if args.out is not None else "--bpb"
+        raise ConfigError(f"{flag} is for an evaluation, which needs --model; --export-lm-eval alone writes only its "
+                          "DIR", key="out" if args.out is not None else "bpb")
+    if args.out is not None and Path(args.out).resolve() == Path(args.export_lm_eval).resolve():
+        raise ConfigError(f"--out and --export-lm-eval are the same folder ({args.out}): give each its own",
+                          key="export_lm_eval")
+
+
+def compare(args: argparse.Namespace) -> int:
+    """`groundup eval --compare A B`: no model, no tasks; two finished evaluations in, a table out."""
+    import json
+
+    from groundup.eval.compare import CompareSettings, compare_runs, load_run, render_compare, write_compare
+    from groundup.eval.results import _clean
+    from groundup.layout import claim_output_dir
+
+    given = [flag for flag, value in (("--model", args.model), ("--tasks", args.tasks), ("--bpb", args.bpb),
+                                      ("--export-lm-eval", args.export_lm_eval)) if value]
+    if given:
+        raise ConfigError(f"--compare reads two finished evaluations; {given[0]} does not go with it (run "
+                          "`groundup eval` for each model first, with --out)", key="compare")
+    settings = CompareSettings(seed=args.seed)
+    settings.validate()
+    if args.out is not None:
+        claim_output_dir(args.out, "eval --compare", overwrite=args.overwrite, sources=args.compare)
+    report = compare_runs(load_run(args.compare[0]), load_run(args.compare[1]), settings)
+    print(json.dumps(_clean(report), ensure_ascii=False) if args.json else render_compare(report))
+    if args.out is not None:
+        write_compare(args.out, report, overwrite=args.overwrite)
+        print(f"wrote {args.out}/compare.json, compare.md", file=sys.stderr)
     return 0
 
 

@@ -88,8 +88,8 @@ def run_generative(task, items: Sequence, completer: Completer, *, samples: int 
                    sandbox_timeout: float = 10.0, workers: int | None = None) -> dict:
     """Generate for `items` of `task` and score them; returns {"metrics", "records", "failed", "truncated"}.
 
-    `metrics` maps a name to {"value", "stderr"}; `records` has one dict per item (id, outputs, scores,
-    error); `failed` lists {"id", "reason"} for items that could not be scored (counted, not dropped)."""
+    `metrics` maps a name to {"value", "stderr"}; `records` has one dict per item (id, target, outputs,
+    scores, error); `failed` lists {"id", "reason"} for items that could not be scored (counted, not dropped)."""
     if samples < 1:
         raise ValueError(f"samples = {samples}: expected at least 1")
     temperature = (0.0 if samples == 1 else 0.8) if temperature is None else temperature
@@ -112,8 +112,10 @@ def run_generative(task, items: Sequence, completer: Completer, *, samples: int 
     records, failed = [], []
     for item, outs in zip(items, per_item):
         error = next((o.error for o in outs if o.error), None)
-        records.append({"id": item.id, "outputs": [o.text for o in outs], "truncated": max(o.truncated for o in outs),
-                        "error": error})
+        # the gold answer beside the output: the target (GSM8K's number, a custom task's answer), or for code
+        # the tests the program must pass (lm-eval's doc_to_target for HumanEval and MBPP)
+        records.append({"id": item.id, "target": item.target if item.tests is None else item.tests,
+                        "outputs": [o.text for o in outs], "truncated": max(o.truncated for o in outs), "error": error})
         if error:
             failed.append({"id": item.id, "reason": error})
     ok = [r for r in records if r["error"] is None]

@@ -9,7 +9,8 @@
 The promise, per kind of task (task definitions: groundup/benchmarks):
 - multiple_choice: every choice's log-likelihood (eval/scoring.py: lm-eval's tokenisation, each
   shared context once); acc, acc_norm (per character) and acc_bytes (per UTF-8 byte) as lm-eval's
-  process_results; standard errors lm-eval's `mean_stderr`.
+  process_results (acc alone for Winogrande's partial scoring: `choice_metric_names`); standard errors
+  lm-eval's `mean_stderr`.
 - loglikelihood (LAMBADA): acc = every target token greedy (lm-eval's is_greedy); perplexity =
   exp(-mean log-likelihood) with lm-eval's bootstrap standard error.
 - generate: eval/generation.py (GSM8K exact match per filter, HumanEval/MBPP pass@k, custom exact match).
@@ -77,6 +78,15 @@ class EvalSettings:
             raise ConfigError(f"workers = {self.workers}: expected at least 1", key="workers")
 
 
+def choice_metric_names(items) -> tuple[str, ...]:
+    """What a multiple-choice task reports: acc, acc_norm, acc_bytes; acc alone when the choices fill their own
+    contexts (Winogrande's partial scoring). There every choice scores the same continuation, so dividing its
+    log-likelihood by the length of the choice in the context corrects for nothing (lm-eval's winogrande YAML
+    lists acc only). acc_bytes, and acc_norm where a task's lm-eval YAML omits it, are computed as lm-eval's
+    process_results computes them when a metric_list names them (results.md says which)."""
+    return ("acc",) if any(len(item.contexts) > 1 for item in items) else MC_METRICS
+
+
 def check_task_metrics(task) -> None:
     """A custom task asking for a metric this harness does not compute fails before any work."""
     known = MC_METRICS if task.kind == "multiple_choice" else GEN_METRICS if task.kind == "generate" else None
@@ -101,6 +111,7 @@ def _loglikelihood_task(model, tokenizer, task, items, settings: EvalSettings, p
             requests.append(r)
             owner.append(i)
     encoded = encode_requests(tokenizer, requests, model.cfg.max_seq_len)
+    names = choice_metric_names(items) if task.kind == "multiple_choice" else ()
     per_item: list[list[int]] = [[] for _ in items]
     for k, i in enumerate(owner):
         per_item[i].append(k)
@@ -125,14 +136,14 @@ def _loglikelihood_task(model, tokenizer, task, items, settings: EvalSettings, p
                 rec["greedy"] = [scores[k].greedy for k in ks]
             if task.kind == "multiple_choice":
                 choices = item.choices or [c[1:] if c.startswith(" ") else c for c in item.continuations]
-                rec.update(choice_metrics(rec["lls"], choices, item.gold))
+                rec.update({k: v for k, v in choice_metrics(rec["lls"], choices, item.gold).items() if k in names})
             else:
                 rec["acc"] = float(all(rec["greedy"]))
         records.append(rec)
     ok = [r for r in records if "error" not in r]
     metrics = {}
     if task.kind == "multiple_choice":
-        for name in MC_METRICS:
+        for name in names:
             values = [r[name] for r in ok]
             metrics[name] = {"value": sum(values) / len(values) if values else float("nan"),
                              "stderr": mean_stderr(values)}

@@ -2,7 +2,9 @@
 
     OUT/results.json        {"version", "model", "settings", "tasks", "aggregate", "bpb", "environment", ...}
     OUT/results.md          the same as tables
-    OUT/items/<task>.jsonl  one line per item: log-likelihoods and prediction, or outputs and checks
+    OUT/items/<task>.jsonl  one line per item: id, gold and log-likelihoods with each metric's 0/1, or id, target
+                            (the gold answer; code: the tests), outputs and checks
+    results.md also has a legend of the metrics, naming those lm-eval's definition of a task does not report
 
 results.json keys:
 - `version` (1), `created` (UTC ISO time), `seconds` (wall clock), `command` (argv)
@@ -28,11 +30,23 @@ import json
 import math
 from pathlib import Path
 
+from groundup.benchmarks import task_names
 from groundup.io import atomic_dir, atomic_write_json, atomic_write_text
 from groundup.layout import claim_output_dir, mark_output_dir
 
 RESULTS_FILE = "results.json"
 ITEMS_DIR = "items"
+# results.md's legend: what each metric is (pass@k and exact_match,<filter> by their first part)
+METRIC_LEGEND = {
+    "acc": "share of items whose most likely choice (summed log-likelihood) is the gold one; LAMBADA: every "
+           "token of the last word is the model's greedy choice",
+    "acc_norm": "acc with each choice's log-likelihood divided by its length in characters (lm-eval's acc_norm)",
+    "acc_bytes": "acc with each choice's log-likelihood divided by its length in UTF-8 bytes (lm-eval's acc_bytes)",
+    "perplexity": "exp(-mean log-likelihood of the last word); lower is better",
+    "exact_match": "share of outputs whose answer equals the target (GSM8K strict-match: 'The answer is N.'; "
+                   "flexible-extract: the last number in the output; custom tasks: the whole stripped output)",
+    "pass@k": "chance that at least one of k samples passes the tests (the unbiased estimator from all samples)",
+}
 
 
 def _clean(value):
@@ -116,7 +130,39 @@ def render_markdown(results: dict) -> str:
             notes.append(f"- {name} data: {r['notes']}")
     if notes:
         lines += ["## Notes", "", *notes, ""]
+    lines += metric_legend(results.get("tasks", {}))
     settings = results.get("settings", {})
     if settings:
         lines += ["## Settings", "", "```json", json.dumps(_clean(settings), indent=2), "```", ""]
     return "\n".join(lines)
+
+
+def _metric_kind(metric: str) -> str:
+    base = metric.split(",")[0]
+    return "pass@k" if base.startswith(("pass@", "pass_at_")) else base
+
+
+def metric_legend(tasks: dict) -> list[str]:
+    """results.md's "Metrics" section: each metric shown, and which of them lm-eval's definition of a built-in
+    task does not report (lm-eval computes acc_norm and acc_bytes whenever a task's metric_list names them;
+    `groundup eval --export-lm-eval` names them, so lm-eval reproduces them as well)."""
+    shown = dict.fromkeys(_metric_kind(m) for r in tasks.values() for m in r["metrics"])
+    if not shown:
+        return []
+    lines = ["## Metrics", "", *[f"- {m}: {METRIC_LEGEND[m]}" for m in shown if m in METRIC_LEGEND]]
+    builtin = set(task_names())
+    extra = {}
+    for name, r in tasks.items():
+        if name in builtin and r.get("lm_eval_metrics"):
+            theirs = {_metric_kind(m) for m in r["lm_eval_metrics"]} | {m.split(",")[0] for m in r["lm_eval_metrics"]}
+            mine = [m for m in r["metrics"] if m.split(",")[0] not in theirs and _metric_kind(m) not in theirs]
+            if mine:
+                extra[name] = mine
+    if extra:
+        lines += ["", "Not in lm-eval's definition of the task (lm-eval computes them when the task's metric_list "
+                  "names them; the task files `groundup eval --export-lm-eval` writes name them, so lm-eval "
+                  "reproduces them): " + "; ".join(f"{t}: {', '.join(ms)}" for t, ms in extra.items()) + "."]
+    if "winogrande" in tasks:
+        lines += ["", "winogrande reports acc alone, as lm-eval does: each option fills its own context and the "
+                  "same rest of the sentence is scored after each, so there is no choice length to normalise by."]
+    return [*lines, ""]

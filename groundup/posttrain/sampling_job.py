@@ -19,7 +19,8 @@ seed plus the batch's first row, and a chunk holds whole batches. When every pro
 
 Nothing usable is never written: a run whose prompts gave no record at all leaves no OUT (and no
 partial file or record) and says why (`nothing`); so does a run stopped because its rewards never
-work (RewardsBroken: the chunks done were scored by them, so they are not kept to resume). An OUT
+work (RewardsBroken: the chunks done were scored by them, so they are not kept to resume), and a run
+that fails inside its first chunk (nothing finished, nothing to resume). An OUT
 that is a directory is refused before any work.
 """
 
@@ -135,6 +136,10 @@ class SamplingJob:
         except RewardsBroken:
             self._discard()
             raise
+        except Exception:
+            if not self.state["prompts_done"]:  # stopped in its first chunk: nothing to resume, nothing left behind
+                self._discard()
+            raise
         if not state["bytes"]:
             self._discard()
             raise DataError(f"{self.out}: nothing written: {nothing(state)}")
@@ -142,10 +147,10 @@ class SamplingJob:
         self.record.unlink()
         return state
 
-    def print_failures(self) -> None:
-        """The reward failures kept verbatim (the first MAX_FAILURE_EXAMPLES), resumed parts included."""
+    def print_failures(self, label: str = "reward failure") -> None:
+        """The failures kept verbatim (the first MAX_FAILURE_EXAMPLES), resumed parts included, each after `label`."""
         for example in self.state.get("failure_examples", []):
-            print(f"reward failure: {example}")
+            print(f"{label}: {example}")
 
     def _discard(self) -> None:
         self.partial.unlink(missing_ok=True)

@@ -21,7 +21,7 @@ from groundup.errors import CheckpointError, DataError
 from groundup.io import atomic_write_text
 from groundup.layout import (METRICS_FILE, SUMMARY_FILE, TOKENIZER_DIR, TOKENIZER_META_FILE, claim_output_dir,
                              is_model_dir, is_run_dir, resolve_model_dir)
-from groundup.report.demo_sections import (budget_section, conversations_section, heldout_section,
+from groundup.report.demo_sections import (arena_section, budget_section, conversations_section, heldout_section,
                                            plot_posttraining, posttraining_section, scorecard_section)
 from groundup.report.plots import plot_training, read_metrics
 from groundup.report.sections import (curation_section, model_section, samples_section, stages_section,
@@ -99,6 +99,9 @@ def write_report(root: str | Path, title: str | None = None, overwrite: bool = F
     if run is not None and run != root:
         parts += posttraining_section(plot_posttraining(root / "sft" / METRICS_FILE, root / "align" / METRICS_FILE,
                                                         root / PLOTS_DIR), root)
+    arena = _load(root / "arena" / "ratings.json")
+    if arena:
+        parts += arena_section(arena)
     parts += conversations_section(rows)
     samples = _load(root / "samples.json")
     if samples:

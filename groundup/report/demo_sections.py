@@ -20,6 +20,11 @@ def _pct(value) -> str:
     return "-" if value is None else f"{100 * value:.1f}%"
 
 
+def _share(value, whole: float = 1.0) -> str:
+    """A share of `whole` as a percentage; "-" where it is missing or undefined (NaN)."""
+    return "-" if value is None or value != value else f"{100 * value / whole:.1f}%"
+
+
 def _f(value, digits: int = 3) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
@@ -185,3 +190,32 @@ def conversations_section(rows: dict[str, dict]) -> list[str]:
             out += ["Aligned:", "```", after_replies[conv["prompt"]].strip(), "```"]
         out.append("")
     return out
+
+
+def arena_section(results: dict) -> list[str]:
+    """The demo's arena (OUT/arena/ratings.json, groundup arena): ratings with intervals, win rates against the
+    base model, and how often the judge agreed with itself when the answers swapped places."""
+    out = ["## Arena", ""]
+    if not results.get("models"):
+        return out + ["No battle could be rated (see arena/report.md).", ""]
+    lc = results.get("length_controlled") or {}
+    table = []
+    for r in results["models"]:
+        low, high = r.get("rank_range") or (r["rank"], r["rank"])
+        win = lc.get(r["model"], {})
+        table.append([f"**{r['model']}**", f"{r['rating']:.0f}", f"{r['lower']:.0f} to {r['upper']:.0f}",
+                      f"{low}-{high}" if low != high else str(low), f"{r['wins']}/{r['ties']}/{r['losses']}",
+                      _share(win.get("win_rate"), 100), _share(win.get("length_controlled_winrate"), 100)])
+    out += markdown_table(["model", "rating", "95% interval", "rank", "won/tied/lost", "win rate vs base",
+                           "length-controlled"], table)
+    judges = results.get("judge_agreement") or {}
+    notes = [f"Bradley-Terry ratings fitted as FastChat's `compute_mle_elo` (base 10, scale 400, mean 1000) on "
+             f"{results.get('battles', 0):,} battles, each judged in both orders (a battle whose two verdicts "
+             "disagree counts as a tie); intervals from "
+             f"{results.get('config', {}).get('bootstrap', 0)} bootstrap rounds."]
+    for judge, a in judges.items():
+        notes.append(f"The judge ({Path(judge).name or judge}) gave the same verdict in both orders in "
+                     f"{_share(a.get('agreement'))} of {a.get('pairs', 0)} battles, and the answer shown first won "
+                     f"{_share(a.get('first_shown_won'))} of its decisive verdicts: a judge this small mostly "
+                     "reflects position bias; name a real one with arena.judge=URL#model.")
+    return out + [" ".join(notes), "", "Details: arena/report.md.", ""]
