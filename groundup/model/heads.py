@@ -6,6 +6,7 @@
     model(tokens, targets, head=TokenLogprobs(temperature=0.7))               -> (B, T) log p(target), differentiable
     model(tokens, targets, head=TokenStatistics(top_k=5))                    -> TokenStats (chunked_scores.py)
     model(tokens, head=RewardScore(index)); model(tokens, targets, head=RewardScore(index))  -> RewardOutput(rewards, logprobs)
+    model(tokens, head=StepRewardScores(rows, positions))    a process reward model -> RewardOutput(rewards (N,))
 
 The trunk (embedding, blocks, final norm) is the same for every head; the head then reads the final
 hidden state `x` (B, T, D) inside `forward`, so DDP, FSDP2 and torch.compile see an ordinary forward
@@ -147,5 +148,24 @@ class RewardScore:
             raise ValueError("RewardScore needs a model with a value head (model.value_head = true)")
         rows = torch.arange(x.shape[0], device=x.device)
         rewards = model.value_head(x[rows, self.index.to(x.device)]).squeeze(-1).float()
+        lp = None if targets is None else TokenLogprobs()(model, x, targets, aux)
+        return RewardOutput(rewards, lp)
+
+
+@dataclass
+class StepRewardScores:
+    """A process reward model's value head at several positions of each row: (`rows`[i], `positions`[i])
+    is step i's last token, so `rewards` is (N,) over the steps of the batch, not (B,). With targets,
+    also their log-probabilities from the same trunk pass (as RewardScore)."""
+
+    rows: torch.Tensor
+    positions: torch.Tensor
+    last_only = False
+
+    def __call__(self, model, x, targets, aux) -> RewardOutput:
+        if model.value_head is None:
+            raise ValueError("StepRewardScores needs a model with a value head (model.value_head = true)")
+        picked = x[self.rows.to(x.device), self.positions.to(x.device)]
+        rewards = model.value_head(picked).squeeze(-1).float()
         lp = None if targets is None else TokenLogprobs()(model, x, targets, aux)
         return RewardOutput(rewards, lp)

@@ -2,6 +2,7 @@
 
     groundup sft --model out/model --data chat/chat-math.jsonl --out runs/sft [lora.rank=16 ...]
     groundup dpo --model runs/sft --data pairs.jsonl --out runs/dpo dpo.beta=0.1
+    groundup rm --process --model runs/sft --data chat/chat-math.jsonl --out runs/prm prm.completions=8
     groundup sft --resume runs/sft
     groundup merge-lora --adapter runs/sft --out out/model-sft
 
@@ -101,18 +102,31 @@ def kto(args: argparse.Namespace) -> int:
 
 
 def reward_model_arguments(p: argparse.ArgumentParser) -> None:
-    _data_arguments(p, "JSONL/Parquet preference pairs: prompt, chosen, rejected (text or messages)", "RMConfig")
+    _data_arguments(p, "JSONL/Parquet preference pairs: prompt, chosen, rejected (text or messages); with --process: "
+                       "prompts with an answer (their steps are labelled) or solutions labelled per step (prompt, "
+                       "steps, labels)", "RMConfig")
+    p.add_argument("--process", action="store_true", help="a process reward model: label each step of the policy's "
+                   "solutions as Math-Shepherd does (prm.solutions, prm.completions, prm.estimation) and score every "
+                   "step (prm.enabled=true); use it as prm:RUN")
 
 
 def reward_model(args: argparse.Namespace) -> int:
-    from groundup.posttrain.reward_model import rm as run
+    from groundup.posttrain.prm import process_rm
+    from groundup.posttrain.reward_model import rm
+
+    if args.process:
+        args.overrides = ["prm.enabled=true"] + list(args.overrides)
+
+    def run(cfg, out, resume=False):  # a resumed run is a process one when its saved config says so
+        return (process_rm if cfg.prm.enabled else rm)(cfg, out, resume=resume)
 
     return _train("reward-model", "RMConfig", run, args, section="rm")
 
 
 def grpo_arguments(p: argparse.ArgumentParser) -> None:
-    _prompt_arguments(p, "a shipped reward (exact_match, exact_match_lenient, format_answer, code), rm:PATH or "
-                         "module:function, optionally =weight; repeat to combine")
+    _prompt_arguments(p, "a shipped reward (exact_match, exact_match_lenient, format_answer, code), rm:PATH (a "
+                         "reward model), prm:PATH (a process reward model: the lowest step score) or module:function, "
+                         "optionally =weight; repeat to combine")
     _run_arguments(p, "GRPOConfig", "grpo.beta=0.04")
 
 

@@ -282,12 +282,41 @@ class GRPOConfig(PostTrainConfig):
 
 
 @dataclass
+class PRMSection:
+    """A process reward model (`rm --process`): rm.data holds prompts with an `answer` (their steps are
+    labelled as Math-Shepherd does) or records already labelled (`steps` and `labels`)."""
+
+    enabled: bool = False  # true (--process): score each step's end, trained on step labels; false: pairs
+    split: str = "lines"  # how a solution splits into steps: "lines", "sentences", or a marker ending each step
+    solutions: int = 4  # solutions sampled from the policy per prompt, whose steps are labelled
+    completions: int = 8  # completions sampled from each step's prefix (Math-Shepherd's N)
+    estimation: Literal["hard", "soft"] = "hard"  # hard: 1 if any completion reaches the answer; soft: the share
+    correct: str = "exact_match"  # the reward saying a finished solution reaches the answer (above 0 = right)
+    policy: str = ""  # the model that samples solutions and completions; "" = the base (--model)
+    max_new_tokens: int = 64  # longest sampled solution or completion, in tokens
+    temperature: float = 1.0  # sampling temperature of solutions and completions (> 0: N samples must differ)
+    batch_rows: int = 32  # completions sampled together (larger on a GPU)
+    chunk: int = 16  # prompts labelled between saves of the work done (a kill loses at most one chunk)
+
+    def validate(self) -> None:
+        for key in ("solutions", "completions", "max_new_tokens", "batch_rows", "chunk"):
+            if getattr(self, key) < 1:
+                fail(key, getattr(self, key), "a positive integer")
+        if not self.split:
+            fail("split", self.split, "'lines', 'sentences' or a non-empty step marker")
+        if not self.temperature > 0:
+            fail("temperature", self.temperature, "a temperature > 0 (greedy completions of a step are all alike)")
+
+
+@dataclass
 class RMConfig(PostTrainConfig):
     schedule: ScheduleConfig = field(default_factory=_sft_schedule)
     rm: RMSection = field(default_factory=RMSection)  # beta is unused here
+    prm: PRMSection = field(default_factory=PRMSection)  # a process reward model (--process); off by default
 
     verb: ClassVar[str] = "rm"
-    incompatible_keys: ClassVar[tuple[str, ...]] = PostTrainConfig.incompatible_keys + ("rm.seed",)
+    incompatible_keys: ClassVar[tuple[str, ...]] = PostTrainConfig.incompatible_keys + (
+        "rm.seed", "prm.enabled", "prm.split")
 
     def validate(self) -> None:
         super().validate()

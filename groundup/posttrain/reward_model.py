@@ -9,7 +9,8 @@ pairs with the Bradley-Terry loss, and its use as a reward (GRPO, best-of-n samp
 The model starts from `cfg.base` (an SFT model, usually) with a freshly initialised head; its
 checkpoints are ordinary model directories whose config has `value_head = true`.
 groundup/rewards/model_scorer.py scores (prompt, completion) texts with it, rendered as a chat turn;
-the reward name `rm:PATH` uses it wherever rewards are accepted.
+the reward name `rm:PATH` uses it wherever rewards are accepted. `rm --process` trains a process
+reward model instead, on the same head and core (posttrain/prm.py).
 """
 
 from __future__ import annotations
@@ -89,6 +90,18 @@ class RewardObjective:
         return record, f"step {state.step}: held-out pair accuracy {record['val_accuracy']:.3f}"
 
 
+def with_value_head(run) -> Transformer:
+    """The run's base model with a freshly initialised value head (its weights drawn from train.seed): where
+    an outcome and a process reward model start."""
+    torch.manual_seed(run.cfg.train.seed)
+    model = Transformer(dataclasses.replace(run.model.cfg, value_head=True))
+    missing, unexpected = model.load_state_dict(run.model.state_dict(), strict=False)
+    if unexpected or any(not k.startswith("value_head.") for k in missing):  # a base with a head already
+        raise DataError(f"{run.cfg.base}: cannot start a reward model from it (unexpected {unexpected[:2]}, "
+                        f"missing {missing[:2]})")
+    return model
+
+
 def rm(cfg: RMConfig, out_dir: str | Path, resume: bool = False) -> dict:
     """Train a reward model from `cfg.base` on `cfg.rm.data` pairs; returns the summary."""
     section = cfg.rm
@@ -114,12 +127,7 @@ def rm(cfg: RMConfig, out_dir: str | Path, resume: bool = False) -> dict:
         run.steps_from_epochs(section.epochs, len(train), cfg.train.batch_size)
         run.commit()
         cfg = run.cfg
-        torch.manual_seed(cfg.train.seed)  # the head's initial weights
-        model = Transformer(dataclasses.replace(run.model.cfg, value_head=True))
-        missing, unexpected = model.load_state_dict(run.model.state_dict(), strict=False)
-        if unexpected or any(not k.startswith("value_head.") for k in missing):  # a base with a head already
-            raise DataError(f"{cfg.base}: cannot start a reward model from it (unexpected {unexpected[:2]}, "
-                            f"missing {missing[:2]})")
+        model = with_value_head(run)
         note(f"{len(train):,} pairs ({len(held):,} held out), {len(report.skipped):,} skipped, "
              f"{cfg.train.max_steps:,} steps")
         if d.is_main and not resume:

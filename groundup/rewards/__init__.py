@@ -3,6 +3,7 @@
 functions.py     the shipped rewards (exact match, format, code in the sandbox), `module:function`
                  rewards, loading them by name and scoring a completion with weights
 model_scorer.py  `rm:PATH`: a trained reward model's value head as a reward
+process_scorer.py `prm:PATH`: a process reward model's step scores, a solution's lowest as its reward
 health.py        RewardHealth: a run whose rewards fail on every call, or never vary, stops and says why
 """
 

@@ -4,7 +4,8 @@
     total, parts, error = score(rewards, prompt, completion, {"answer": "42"})
 
 A reward is named by `module:function` (any importable module, e.g. a file on PYTHONPATH), by
-`rm:PATH` (a reward model trained with `groundup reward-model`), or by a shipped name:
+`rm:PATH` (a reward model trained with `groundup reward-model`), by `prm:PATH` (a process reward model,
+`groundup rm --process`: the solution's lowest step score), or by a shipped name:
     exact_match / exact_match_strict   1 if the `Answer: N` line equals the record's `answer`
     exact_match_lenient                1 if the last number in the completion equals `answer`
     format_answer                      1 if the completion has an `Answer: N` line (a format reward)
@@ -28,6 +29,7 @@ from typing import Callable
 
 from groundup.config import ConfigError, did_you_mean
 from groundup.rewards.model_scorer import RewardModelScorer
+from groundup.rewards.process_scorer import ProcessRewardScorer
 from groundup.sandbox import check_completion, default_python
 
 RewardFn = Callable[..., float]
@@ -84,6 +86,8 @@ def load_reward(spec: str) -> RewardFn:
         return SHIPPED[spec]
     if spec.startswith("rm:"):
         return RewardModelScorer(spec[3:])
+    if spec.startswith("prm:"):  # a process reward model: the solution's lowest step score
+        return ProcessRewardScorer(spec[4:])
     if ":" not in spec:
         raise ConfigError(f"reward {spec!r}: expected a shipped reward ({', '.join(SHIPPED)}) or module:function"
                           f"{did_you_mean(spec, SHIPPED)}", key="rewards")
@@ -153,10 +157,10 @@ def score(rewards: list[Reward], prompt: str, completion: str, fields: dict,
 
 
 def parse_reward_args(args: list[str]) -> tuple[list[str], list[float]]:
-    """`NAME[=WEIGHT]` command-line rewards as (names, weights); `rm:PATH` may itself hold "="."""
+    """`NAME[=WEIGHT]` command-line rewards as (names, weights); `rm:PATH` and `prm:PATH` may themselves hold "="."""
     names, weights = [], []
     for a in args:
-        name, sep, weight = a.rpartition("=") if "=" in a and not a.startswith("rm:") else (a, "", "")
+        name, sep, weight = a.rpartition("=") if "=" in a and not a.startswith(("rm:", "prm:")) else (a, "", "")
         try:
             weights.append(float(weight) if sep else 1.0)
         except ValueError:
