@@ -12,7 +12,9 @@ chat data made from it. This file holds `iter_corpus` (every domain as records) 
     math_problems.py   math: seeded arithmetic and word problems with worked solutions, checkable integer
                        answers and `extract_answer`
     chat.py            conversations made from the three domains for SFT, with a hashed held-out split
-    commands.py        `groundup data sample`: the corpus (or its chats) as JSONL files
+    web_pages.py       web pages around the three domains (boilerplate, charsets, languages) with their true text
+    crawl.py           WARC, WET and ARC files of such pages, and damaged ones (for tests, benchmarks, samples)
+    commands.py        `groundup data sample`: the corpus (or its chats, or a sample crawl) as files
 
 No network is needed: tests, benchmarks and the demo all read from here.
 """

@@ -27,8 +27,11 @@ Text only: tokenizing comes after, in groundup.tokens.
     ray_curate.py      `--executor ray`: RayExecutor, curation's tasks on a Ray cluster, byte-identical output
     ray_dedup.py       dedup.py's pieces as Ray tasks, each result file its completion marker
     commands.py        `groundup data curate` and `groundup data train-classifier`
-    annotate*.py       `groundup data annotate`: documents scored by an LLM judge (FineWeb-Edu's rubric), resumable,
+    annotate.py        `groundup data annotate`: documents scored by an LLM judge (FineWeb-Edu's rubric), resumable,
                        and the quality classifier trained on the scores
+    annotate_client.py the OpenAI-compatible client: the rubric, strict verdict parsing, retries, rate limit
+    annotate_report.py the annotation report: counts, score histogram, the classifier's agreement
+    annotate_commands.py `groundup data annotate`
     web/               raw web data: warc.py (crawl files), charset.py, extract.py (HTML to text), records.py,
                        language.py (lid.176), url_lists.py (block lists), perplexity.py (CCNet), `data extract`
 """

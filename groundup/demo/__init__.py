@@ -10,6 +10,7 @@ data sample -> curate -> tokenizer -> tokenize -> pretrain -> SFT -> align -> qu
     watch.py       PretrainWatch: re-plans pretraining's limit while it runs, as its steps measure the load
     post.py        PostStages: SFT, GRPO (or data pairs + DPO), int8 quantization and a report-card row per model
     scorecard.py   score_model: one report-card row (bits per byte, exact match, CORE, size, decode speed)
+    arena_stage.py the demo's arena: its models judged against each other (`groundup arena`)
     commands.py    `groundup demo` and `groundup report` (the report itself is groundup.report)
 """
 

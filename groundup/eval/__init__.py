@@ -17,6 +17,7 @@
                       (data/decontaminate.py's index)
     membership.py     Min-K% Prob and Min-K%++ membership scores, against shuffled items or fresh math problems
     commands.py       `groundup eval` and `groundup eval contamination`
+    data_commands.py  `groundup data curate`'s entry: hands eval/bpb.py's scorer to `perplexity.checkpoint`
 
 The benchmark definitions (lm-eval's prompts over offline data, custom TOML tasks) are groundup.benchmarks.
 """

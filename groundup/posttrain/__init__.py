@@ -18,6 +18,10 @@ and preference pairs sampled from a model. Nothing is imported here, so importin
     rft.py             rft(): rejection-sampling fine-tuning in rounds (sample, keep the best, SFT)
     chat_eval.py       greedy replies to held-out chats: end-of-turn share and arithmetic exact match
     merge.py           merge_adapter: a LoRA adapter folded into its base, saved as a plain model directory
+    judged_pairs.py    `data pairs --judge`: samples ranked by an AI judge against a constitution
+    pair_formats.py    pairs written as DPO pairs or TRL's unpaired KTO records (`--format`)
+    prm.py             process_rm(): `reward-model --process`, a value head at every step end, BCE at step ends
+    prm_labels.py      Math-Shepherd step labels: continuations sampled from each step, resumable
     data_commands.py   `groundup data pairs`
     commands.py        `groundup sft`, `dpo`, `kto`, `reward-model`, `grpo`, `rft` and `merge-lora`
 """
