@@ -5,6 +5,7 @@ Text only: tokenizing comes after, in groundup.tokens.
     curate_config.py   CurateConfig: every knob of `data curate`, the published thresholds as defaults
     readers.py         how every stage reads text records (JSONL, Parquet, text, source trees, WARC/ARC/WET): iter_records, or
                        per file iter_input_files + read_input_file; ReadStats, the counts of what reading saw
+    read_stats.py      ReadStats: what reading saw (problems by kind with their first positions, crawl damage)
     input_tasks.py     the run cut into tasks (input files, small ones grouped) and each task's records into shards
     curate_shard.py    ShardCurator: one shard normalised, filtered per domain, scored, redacted, hashed for dedup
     normalize.py       NFC and control-character cleanup that never changes code; the exact-dedup key

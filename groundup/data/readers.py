@@ -36,6 +36,7 @@ the two themselves.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 from pathlib import Path
@@ -45,7 +46,11 @@ import zstandard
 
 from groundup.data.web.records import RecordExtractor, iter_crawl_records
 from groundup.data.web.extract import ExtractConfig
-from groundup.data.web.warc import WarcStats, is_crawl_file
+from groundup.data.read_stats import MAX_PROBLEMS, PROBLEM_KINDS, ReadStats
+
+__all__ = ["PROBLEM_KINDS", "ReadStats", "InputFile", "check_inputs", "iter_input_files", "iter_records",
+           "no_records_error", "read_input_file"]
+from groundup.data.web.warc import is_crawl_file
 from groundup.errors import DataError
 from groundup.io import open_compressed
 from groundup.layout import OUTPUT_MARKER_FILE
@@ -75,78 +80,8 @@ VENDORED_DIRS = {"vendor", "vendored", "third_party", "thirdparty", "third-party
 GENERATED_SUFFIXES = ("_pb2.py", "_pb2_grpc.py", ".pb.go", ".pb.cc", ".pb.h", "_generated.go", ".g.dart",
                       ".designer.cs", "-lock.json", ".lock")
 MINIFIED_MARKERS = (".min.js", ".min.css", "-min.js", ".bundle.js")
-MAX_PROBLEMS = 10  # how many file:line positions each problem kind keeps for the report
 SNIFF_BYTES = 8192
-PROBLEM_KINDS = ("bad_json", "invalid_utf8", "binary_files", "no_text", "too_long", "unsupported_files", "bad_field",
-                 "unreadable_files")
 STRING_FIELDS = ("id", "source", "domain", "url", "language")  # fields the stages read as text, when present
-
-
-@dataclasses.dataclass
-class ReadStats:
-    """What reading saw: counts, plus the first few `file:line: reason` positions of each problem."""
-
-    files: int = 0
-    records: int = 0
-    bytes: int = 0
-    bad_json: int = 0
-    bad_json_examples: list[str] = dataclasses.field(default_factory=list)
-    invalid_utf8: int = 0  # records decoded with U+FFFD replacement characters
-    invalid_utf8_examples: list[str] = dataclasses.field(default_factory=list)
-    binary_files: int = 0
-    binary_examples: list[str] = dataclasses.field(default_factory=list)
-    no_text: int = 0  # records without a string `text` field
-    no_text_examples: list[str] = dataclasses.field(default_factory=list)
-    too_long: int = 0  # lines or files over `max_record_bytes`, skipped without being held in memory
-    too_long_examples: list[str] = dataclasses.field(default_factory=list)
-    unsupported_files: int = 0  # files in a directory with an extension no reader handles
-    unsupported_examples: list[str] = dataclasses.field(default_factory=list)
-    bad_field: int = 0  # records whose id, source, domain, url or language is not a string
-    bad_field_examples: list[str] = dataclasses.field(default_factory=list)
-    unreadable_files: int = 0  # files that could not be opened or read to the end (the reason is kept)
-    unreadable_examples: list[str] = dataclasses.field(default_factory=list)
-    crawl: WarcStats = dataclasses.field(default_factory=WarcStats)  # WARC/ARC/WET records by type, damage
-
-    def __post_init__(self) -> None:
-        if isinstance(self.crawl, dict):  # from to_dict(): a Ray task's or a report's counts
-            self.crawl = WarcStats.from_dict(self.crawl)
-
-    def note(self, kind: str, where: str) -> None:
-        """Count one problem of `kind` (a field name above) and keep its position if among the first."""
-        setattr(self, kind, getattr(self, kind) + 1)
-        examples = getattr(self, f"{kind.removesuffix('_files')}_examples")
-        if len(examples) < MAX_PROBLEMS:
-            examples.append(where)
-
-    def merge(self, other: "ReadStats") -> None:
-        for f in dataclasses.fields(self):
-            mine, theirs = getattr(self, f.name), getattr(other, f.name)
-            if isinstance(mine, WarcStats):
-                mine.merge(theirs)
-            elif isinstance(mine, list):
-                mine.extend(theirs[: MAX_PROBLEMS - len(mine)])
-            else:
-                setattr(self, f.name, mine + theirs)
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    def examples(self, limit: int = 5) -> list[str]:
-        """The first positions of every kind of problem, for a terminal summary."""
-        out = []
-        for kind in PROBLEM_KINDS:
-            out += getattr(self, f"{kind.removesuffix('_files')}_examples")
-        return (out + self.crawl.examples(limit))[:limit]
-
-
-    def summary(self) -> str:
-        parts = [f"{self.records:,} records from {self.files:,} files ({self.bytes / 1e6:.1f} MB)"]
-        for kind in PROBLEM_KINDS:
-            if getattr(self, kind):
-                parts.append(f"{getattr(self, kind):,} {kind.replace('_', ' ')}")
-        if self.crawl.files:
-            parts.append(self.crawl.summary())
-        return ", ".join(parts)
 
 
 def _base_suffix(path: Path) -> str:
@@ -322,7 +257,11 @@ def _code_flags(rel: str) -> dict:
     return flags
 
 
-_extractors: dict[str, RecordExtractor] = {}  # one per process: the HTML and language models load once
+@functools.cache
+def _default_extractor() -> RecordExtractor:
+    """One per process: the HTML and language models load once."""
+    return RecordExtractor(ExtractConfig())
+
 
 
 def _iter_crawl(path: Path, domain: str, stats: ReadStats, raw_html: bool, max_page_bytes: int) -> Iterator[dict]:
@@ -334,8 +273,7 @@ def _iter_crawl(path: Path, domain: str, stats: ReadStats, raw_html: bool, max_p
         if raw_html:
             yield record
             continue
-        extractor = _extractors.get("default") or _extractors.setdefault("default", RecordExtractor(ExtractConfig()))
-        extracted = extractor(record)
+        extracted = _default_extractor()(record)
         if extracted is None:
             warc = record["warc"]
             stats.note("no_text", f"{warc['file']}@{warc['offset']}: no main content in the HTML of {record['url']}")
