@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import logging
+
+import contextlib
+
 import copy
 import socket
 import threading
@@ -83,3 +87,30 @@ def scrape(text: str) -> dict[str, float]:
         for sample in family.samples:
             out[sample.name] = out.get(sample.name, 0.0) + sample.value
     return out
+
+
+class Watch(logging.Handler):
+    """Every record at ERROR or above, and every record that carries a traceback, from any logger."""
+
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.bad: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.levelno >= logging.ERROR or record.exc_info:
+            self.bad.append(f"{record.name}: {record.getMessage()}")
+
+
+@contextlib.contextmanager
+def watching_logs():
+    """A Watch on the root logger and on uvicorn's, which do not propagate to the root (its "Exception in ASGI
+    application" goes to "uvicorn")."""
+    handler = Watch()
+    loggers = [logging.getLogger(), logging.getLogger("uvicorn"), logging.getLogger("uvicorn.access")]
+    for logger in loggers:
+        logger.addHandler(handler)
+    try:
+        yield handler
+    finally:
+        for logger in loggers:
+            logger.removeHandler(handler)

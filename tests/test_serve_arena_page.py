@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import threading
 
 import httpx
@@ -24,9 +23,8 @@ from groundup.serve.commands import build_server, serve_arguments
 from groundup.serve.server import Limits, Server
 from groundup.serve.votes import ROW_KEYS, BattleLog
 from infer_helpers import model_dir, small_tokenizer
-from serve_helpers import LiveServer, make_adapter, served_model
+from serve_helpers import LiveServer, make_adapter, served_model, watching_logs
 from test_serve_browser import _slow_and_endless, _wait, browser  # noqa: F401 - the headless Chromium fixture
-from test_serve_fuzz import Watch
 
 MESSAGES = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "Who art thou?"}]
 SETTINGS = {"temperature": 0, "max_tokens": 12}
@@ -45,13 +43,8 @@ def arena_server(tmp_path, adapters=True, max_tokens=32, **kwargs) -> Server:
 @pytest.fixture
 def watch():
     """Every ERROR record and traceback, from the root logger and uvicorn's (which do not propagate)."""
-    handler = Watch()
-    loggers = [logging.getLogger(), logging.getLogger("uvicorn"), logging.getLogger("uvicorn.access")]
-    for logger in loggers:
-        logger.addHandler(handler)
-    yield handler
-    for logger in loggers:
-        logger.removeHandler(handler)
+    with watching_logs() as handler:
+        yield handler
 
 
 @pytest.fixture(scope="module")

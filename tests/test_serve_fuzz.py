@@ -9,7 +9,6 @@ derandomized so that every run sends the same requests)."""
 
 from __future__ import annotations
 
-import logging
 import os
 import socket
 import time
@@ -19,21 +18,9 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from serve_helpers import LiveServer, make_server, scrape
+from serve_helpers import LiveServer, make_server, scrape, watching_logs
 
 EXAMPLES = int(os.environ.get("GROUNDUP_FUZZ_EXAMPLES", "200"))  # per generation mode; more for a deeper run
-
-
-class Watch(logging.Handler):
-    """Every record at ERROR or above, and every record that carries a traceback, from any logger."""
-
-    def __init__(self):
-        super().__init__(logging.DEBUG)
-        self.bad: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if record.levelno >= logging.ERROR or record.exc_info:
-            self.bad.append(f"{record.name}: {record.getMessage()}")
 
 
 @pytest.fixture(scope="module")
@@ -45,14 +32,8 @@ def live():
 
 @pytest.fixture
 def watch(live):
-    handler = Watch()
-    # uvicorn's own loggers do not propagate to the root: its "Exception in ASGI application" goes to "uvicorn"
-    loggers = [logging.getLogger(), logging.getLogger("uvicorn"), logging.getLogger("uvicorn.access")]
-    for logger in loggers:
-        logger.addHandler(handler)
-    yield handler
-    for logger in loggers:
-        logger.removeHandler(handler)
+    with watching_logs() as handler:
+        yield handler
 
 
 def still_serving(url: str) -> None:
