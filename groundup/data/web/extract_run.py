@@ -76,8 +76,9 @@ def _extract_to_file(path: Path, out: Path, cfg: ExtractConfig, max_page_bytes: 
 def output_name(path: Path) -> str:
     """`CC-MAIN-x.warc.gz` -> `CC-MAIN-x.jsonl`: one output per crawl file, named after it."""
     name = path.name
-    for suffix in (".gz", ".wet", ".warc", ".arc"):
-        name = name.removesuffix(suffix) if name.lower().endswith(suffix) else name
+    for suffix in (".gz", ".wet", ".warc", ".arc"):  # in this order: x.warc.wet.gz -> x
+        if name.lower().endswith(suffix):
+            name = name[: -len(suffix)]
     return name + ".jsonl"
 
 
