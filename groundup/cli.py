@@ -49,11 +49,13 @@ COMMANDS: list[Command] = [
     Command(("train",), "groundup.train.commands:train", "pretrain on token shards: exact resume, stability guards, DDP/FSDP2/TP under torchrun"),
     Command(("sft",), "groundup.posttrain.commands:sft", "supervised fine-tuning (full or LoRA) on chat, prompt-completion, ShareGPT or Alpaca data"),
     Command(("data", "pairs"), "groundup.posttrain.data_commands:pairs", "preference pairs from a model's own samples, ranked by a reward"),
+    Command(("data", "trajectories"), "groundup.posttrain.data_commands:trajectories", "agent logs (OpenAI messages with tools) checked and split to the context, as SFT records"),
     Command(("dpo",), "groundup.posttrain.commands:dpo", "direct preference optimisation on prompt/chosen/rejected pairs (sigmoid, IPO, hinge)"),
     Command(("kto",), "groundup.posttrain.commands:kto", "Kahneman-Tversky optimisation on unpaired prompt/completion/label feedback"),
     Command(("reward-model",), "groundup.posttrain.commands:reward_model", "train a reward model (Bradley-Terry on preference pairs; --process: per step, Math-Shepherd labels) for GRPO and best-of-n", (("rm",),)),
     Command(("grpo",), "groundup.posttrain.commands:grpo", "reinforcement learning with verifiable rewards: group relative policy optimisation"),
     Command(("rft",), "groundup.posttrain.commands:rft", "rejection-sampling fine-tuning: sample, keep the best by reward, fine-tune; in rounds"),
+    Command(("launch",), "groundup.launch.commands:launch", "run any training verb on N nodes x K GPUs under torchrun, Slurm or Ray Train; restarted attempts resume"),
     Command(("merge-lora",), "groundup.posttrain.commands:merge_lora", "fold a LoRA adapter into its base model", (("merge",),)),
     Command(("generate",), "groundup.infer.commands:generate", "complete prompts with a model (batched, streamed, sampled)"),
     Command(("chat",), "groundup.infer.commands:chat", "chat with a model in the terminal (chat template, /reset, /exit)"),
@@ -71,7 +73,7 @@ COMMANDS: list[Command] = [
 ]  # fmt: skip
 
 GROUP_HELP = {
-    "data": "data stages: sample, extract, curate, annotate, train-classifier, tokenize, pairs",
+    "data": "data stages: sample, extract, curate, annotate, train-classifier, tokenize, pairs, trajectories",
     "tokenizer": "train and inspect the BPE tokenizer",
     "model": "inspect model presets and configs",
     "export": "export a model to another format",

@@ -20,6 +20,8 @@
         checkpoints/step_NNNNNNN/   a model directory + optimizer.pt, loader.pt, trainer.pt, meta.json
         checkpoints/latest          the newest complete step directory's name, written last
         .lock                       held by the one process that writes the run (see io.writer_lock)
+        hang-rank{R}.txt            every thread's stack of a process the hang detector ended
+        launch.sbatch, ray/         what `groundup launch` submitted (Slurm), Ray Train's own state
     ANY OUTPUT FOLDER/              what a verb writes with --out (a run, a model, shards, results, ...)
         .groundup-output.json       {"verb": "sft"}: the verb that made it (see claim_output_dir)
 
@@ -77,6 +79,10 @@ LATEST_POINTER = "latest"
 CHECKPOINT_META_FILE = "meta.json"
 CHECKPOINT_FORMAT = "groundup-checkpoint"
 LOCK_FILE = ".lock"  # held (flock) by the one process writing the run; released when it exits
+HANG_DUMP_FILE = "hang-rank{rank}.txt"  # every thread's stack of a process the hang detector ended (train/hang.py)
+FAULT_DONE_FILE = ".fault-{index}.done"  # an injected test fault that fired, so a restarted attempt skips it
+SLURM_SCRIPT_FILE = "launch.sbatch"  # the batch script `groundup launch --backend slurm` wrote and submitted
+RAY_STORAGE_DIR = "ray"  # Ray Train's storage_path for a run launched with --backend ray (its own state)
 STEP_DIR = re.compile(r"^step_(\d{7,})$")
 
 

@@ -59,7 +59,7 @@ def assert_weights_close(a, b):
     wb = load_file(b / "checkpoints" / f"step_{STEPS:07d}" / "model.safetensors")
     assert wa.keys() == wb.keys()
     for k in wa:
-        torch.testing.assert_close(wa[k], wb[k], atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(wa[k], wb[k], atol=1e-4, rtol=1e-4)  # a near-zero Adam update can round 5e-5 apart
 
 
 def two_processes_match_one(shards, ref, run, strategy: str) -> None:

@@ -245,7 +245,7 @@ def test_cli_prints_a_table_and_json(capsys):
     assert main(["plan", "--config", str(CLOVER), "--gpus", "16", "--gpu", "h100", "--json", "train.batch_size=1"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["gpus"] == 16 and data["micro_batch"] == 1 and data["tokens"] > 0
-    assert {s["strategy"] for s in data["strategies"]} == {"ddp", "fsdp", "hsdp", "fsdp+tp"}
+    assert {s["strategy"] for s in data["strategies"]} == {"ddp", "fsdp", "hsdp", "fsdp+tp", "pp", "pp-interleaved"}
     assert data["gpu_hours"] == pytest.approx(data["total_time_s"] * 16 / 3600)
 
 

@@ -12,6 +12,8 @@
     gpus.py          the GPU table: memory and dense peak FLOP/s from the datasheets
     report.py        the table `groundup plan` prints
     measure.py       peak tensor memory of a CPU process from profiler events, to check the memory model
+    pipeline_memory.py  a pipeline stage's memory: its shard of the parameters, the schedule's micro-batches in flight
+    layouts.py       measured peaks of HSDP, pipeline and expert-parallel layouts on gloo, against the estimate
     commands.py      `groundup plan`
 """
 

@@ -41,10 +41,13 @@ from groundup.plan.gpus import GPU, get_gpu
 from groundup.plan.memory import ACCUMULATION, Memory, Setup, step_memory
 from groundup.plan.params import param_split
 from groundup.train.config import TrainConfig
+from groundup.train.pipeline import bubble_fraction
 
-STRATEGIES = ("ddp", "fsdp", "hsdp", "fsdp+tp")
+STRATEGIES = ("ddp", "fsdp", "hsdp", "fsdp+tp", "pp", "pp-interleaved", "ep")
 LABELS = {"single": "one GPU", "ddp": "DDP", "fsdp": "FSDP2 full shard", "hsdp": "FSDP2 hybrid (HSDP)",
-          "fsdp+tp": "FSDP2 + tensor parallel"}
+          "fsdp+tp": "FSDP2 + tensor parallel", "pp": "pipeline 1F1B + FSDP2",
+          "pp-interleaved": "pipeline interleaved + FSDP2", "ep": "FSDP2 + expert parallel"}
+PP_SCHEDULES = {"pp": "1f1b", "pp-interleaved": "interleaved_1f1b"}
 MAX_BATCH = 1 << 16
 
 
@@ -179,9 +182,13 @@ def auto_tp(cfg: TrainConfig, gpus: int, gpus_per_node: int) -> int:
 def make_setup(cfg: TrainConfig, strategy: str, gpus: int, *, device: str = "cuda", mode: str = "fp32",
                gpus_per_node: int = 8, tp: int = 1, sequence_parallel: bool = False,
                fsdp_accumulate: str = "unsharded-fp32", batch: int | None = None,
-               checkpointing: bool | None = None) -> Setup:
-    """The memory model's input for one strategy (`strategy` single/ddp/fsdp/hsdp/fsdp+tp)."""
+               checkpointing: bool | None = None, ep: int = 1, pp: int = 1, pp_schedule: str = "1f1b",
+               pp_microbatches: int = 0) -> Setup:
+    """The memory model's input for one strategy (`strategy` single/ddp/fsdp/hsdp/fsdp+tp/pp; `ep`: expert
+    parallelism under ddp or fsdp; pp: `pp` stages, each FSDP over gpus / pp)."""
     shard, t = 1, 1
+    if strategy == "pp":
+        shard = gpus // pp
     if strategy in ("ddp", "fsdp", "hsdp") and gpus == 1:
         strategy = "single"  # one process: groundup trains the plain module
     if strategy == "fsdp":
@@ -198,7 +205,8 @@ def make_setup(cfg: TrainConfig, strategy: str, gpus: int, *, device: str = "cud
                  optimizer_impl="fused" if impl == "auto" else impl,
                  checkpointing=cfg.train.grad_checkpointing if checkpointing is None else checkpointing,
                  strategy=strategy, gpus=gpus, shard=shard, tp=t, sequence_parallel=sequence_parallel and t > 1,
-                 device=device, fsdp_accumulate=fsdp_accumulate)
+                 device=device, fsdp_accumulate=fsdp_accumulate, ep=ep, pp=pp if strategy == "pp" else 1,
+                 pp_schedule=pp_schedule, pp_microbatches=pp_microbatches)
 
 
 def default_accumulation(cfg: TrainConfig) -> str:
@@ -232,8 +240,46 @@ def largest_batch(setup: Setup, usable: float) -> int:
     return lo
 
 
+def auto_pp(cfg: TrainConfig, gpus: int) -> int:
+    """The pipeline degree of the PP rows: 2 when the GPUs and the layers split in two (interleaved: in four)."""
+    return 2 if gpus >= 2 and gpus % 2 == 0 and cfg.model.n_layers % 2 == 0 else 1
+
+
+def auto_ep(cfg: TrainConfig, gpus: int) -> int:
+    """The expert-parallel degree of the EP row: the largest of 8, 4, 2 dividing the experts and the GPUs."""
+    return next((e for e in (8, 4, 2) if cfg.model.n_experts and cfg.model.n_experts % e == 0 and gpus % e == 0
+                 and e <= gpus), 1)
+
+
+def _pipeline_notes(cfg: TrainConfig, setup) -> tuple[list[str], bool]:
+    """What the PP rows say (the schedule's bubble, how to train it) and whether groundup can train it."""
+    m, v = setup.pp_microbatches or setup.pp, 2 if setup.pp_schedule == "interleaved_1f1b" else 1
+    bubble = bubble_fraction(setup.pp_schedule, setup.pp, m * setup.accum, v)
+    notes = [f"PP {setup.pp} x FSDP {setup.shard}: {setup.model.n_layers // setup.pp} blocks per GPU, {m} pipeline "
+             f"micro-batches per micro-batch, bubble {bubble:.0%}"
+             " of each step (not in the step time); train it with distributed.strategy = 'fsdp', distributed.pp = "
+             f"{setup.pp}, distributed.pp_schedule = '{setup.pp_schedule}'"]
+    ok = True
+    if cfg.model.tie_embeddings:
+        notes.append("groundup's pipeline needs untied embeddings (model.tie_embeddings = false)")
+        ok = False
+    if cfg.model.n_experts:
+        notes.append("groundup does not pipeline mixture-of-experts layers")
+        ok = False
+    if cfg.model.n_layers % (setup.pp * v):
+        notes.append(f"{cfg.model.n_layers} layers do not split into {setup.pp * v} equal stages")
+        ok = False
+    return notes, ok
+
+
 def _strategy_plan(cfg: TrainConfig, name: str, gpus: int, usable: float, tps_gpu: float, **kw) -> StrategyPlan:
-    setup = make_setup(cfg, name, gpus, **kw)
+    pp, ep = kw.pop("pp", 1), kw.pop("ep", 1)
+    if name in PP_SCHEDULES:
+        setup = make_setup(cfg, "pp", gpus, pp=pp, pp_schedule=PP_SCHEDULES[name], **kw)
+    elif name == "ep":
+        setup = make_setup(cfg, "fsdp", gpus, ep=ep, **kw)
+    else:
+        setup = make_setup(cfg, name, gpus, **kw)
     mem = step_memory(setup)
     with_ckpt = step_memory(replace(setup, checkpointing=True))
     without = step_memory(replace(setup, checkpointing=False))
@@ -241,13 +287,20 @@ def _strategy_plan(cfg: TrainConfig, name: str, gpus: int, usable: float, tps_gp
     def act_peak(m: Memory) -> float:
         return max(x.parts["activations"] + x.parts["loss"] for x in m.moments)
 
-    dp = gpus // setup.tp
+    dp = gpus // setup.tp // setup.pp
     tokens_per_step = setup.batch * setup.seq * setup.accum * dp
     notes = []
-    implemented = setup.strategy in ("single", "ddp", "fsdp", "fsdp+tp")
-    if not implemented:
-        notes.append("HSDP is not in groundup.train yet (distributed.strategy is ddp or fsdp, with distributed.tp "
-                     "for tensor parallelism): the plan for when it is")
+    implemented = setup.strategy in ("single", "ddp", "fsdp", "hsdp", "fsdp+tp", "pp")
+    if setup.strategy == "pp":
+        notes, implemented = _pipeline_notes(cfg, setup)
+    if setup.ep > 1:
+        notes.append(f"EP {setup.ep}: each GPU holds {cfg.model.n_experts // setup.ep} of the {cfg.model.n_experts} "
+                     "experts of every MoE layer whole (FSDP shards the rest); tokens reach them by all-to-all; "
+                     f"train it with distributed.strategy = 'fsdp', distributed.ep = {setup.ep}")
+    if setup.strategy == "hsdp":
+        notes.append(f"train it with distributed.strategy = 'hsdp' (distributed.replicas = 0: one replica per node, "
+                     f"here {dp // setup.shard} x {setup.shard} shards); pipeline stages compose with it "
+                     "(distributed.pp, train/pipeline.py)")
     if setup.strategy == "hsdp" and gpus <= kw.get("gpus_per_node", 8):
         notes.append("one node: the same as full sharding")
     if setup.strategy == "hsdp" and gpus % setup.shard:
@@ -258,18 +311,19 @@ def _strategy_plan(cfg: TrainConfig, name: str, gpus: int, usable: float, tps_gp
                                                                      else "") +
                      f"; train it with distributed.strategy = 'fsdp', distributed.tp = {setup.tp}"
                      + (", distributed.sequence_parallel = true" if setup.sequence_parallel else ""))
-    fsdp = setup.strategy in ("fsdp", "hsdp", "fsdp+tp")
+    fsdp = setup.strategy in ("fsdp", "hsdp", "fsdp+tp", "pp")
     if fsdp and cfg.optim.name == "muon":
         notes.append("groundup refuses Muon under FSDP (Newton-Schulz needs whole matrices)")
         implemented = False
     by_mode = {}
-    if fsdp and setup.accum > 1 and setup.shard > 1:
+    if fsdp and setup.accum > 1 and setup.shard > 1 and setup.pp == 1:  # pipelines reduce-scatter every time
         by_mode = {mode: step_memory(replace(setup, fsdp_accumulate=mode)).peak for mode in ACCUMULATION}
         if setup.fsdp_accumulate == "unsharded-fp32":
             notes.append("accumulating over micro-batches keeps every layer's unsharded fp32 gradient "
                          "(distributed.fsdp_grad_sync = 'last'); see accumulation for the alternatives")
+    row = name if name in PP_SCHEDULES or name == "ep" else setup.strategy
     return StrategyPlan(
-        strategy=setup.strategy, label=LABELS[setup.strategy], gpus=gpus, shard=setup.shard,
+        strategy=row, label=LABELS[row], gpus=gpus, shard=setup.shard,
         replicas=dp // setup.shard if fsdp else dp, tp=setup.tp, data_parallel=dp, implemented=implemented,
         peak_bytes=mem.peak, peak_phase=mem.phase, parts=mem.parts,
         peak_bytes_checkpointed=with_ckpt.peak, peak_bytes_full=without.peak,
@@ -289,8 +343,9 @@ def plan(cfg: TrainConfig, gpus: int = 8, gpu: str = "a100-80gb", tokens: float 
     a node that divides the heads and leaves FSDP at least 2 ranks). `headroom`: the share of each
     GPU's memory kept free for the CUDA context, NCCL and allocator fragmentation.
     `fsdp_accumulate`: how FSDP accumulates gradients over micro-batches (memory.ACCUMULATION;
-    default: what the config's distributed.fsdp_grad_sync makes groundup's step do). Expert
-    parallelism is not modelled (TP splits experts).
+    default: what the config's distributed.fsdp_grad_sync makes groundup's step do). The PP rows
+    (1F1B, interleaved 1F1B) split the blocks over 2 GPUs and FSDP-shard each stage over the rest;
+    the EP row (MoE models) splits the experts over the largest of 8, 4, 2 dividing them and the GPUs.
     """
     if fsdp_accumulate is None:
         fsdp_accumulate = default_accumulation(cfg)
@@ -317,7 +372,16 @@ def plan(cfg: TrainConfig, gpus: int = 8, gpu: str = "a100-80gb", tokens: float 
         if name == "fsdp+tp" and t == 1:
             notes.append("no tensor-parallel row: no degree of 2, 4 or 8 divides the heads and the GPUs")
             continue
-        rows.append(_strategy_plan(cfg, name, gpus, usable, tps_gpu, tp=t if name == "fsdp+tp" else 1, **kw))
+        if name in PP_SCHEDULES and auto_pp(cfg, gpus) == 1:
+            if name == "pp":
+                notes.append("no pipeline rows: the GPUs or the layers do not split in two")
+            continue
+        if name == "ep" and auto_ep(cfg, gpus) == 1:
+            if cfg.model.n_experts:
+                notes.append("no expert-parallel row: no degree of 2, 4 or 8 divides the experts and the GPUs")
+            continue
+        rows.append(_strategy_plan(cfg, name, gpus, usable, tps_gpu, tp=t if name == "fsdp+tp" else 1,
+                                   pp=auto_pp(cfg, gpus), ep=auto_ep(cfg, gpus), **kw))
     tokens = tokens if tokens is not None else float(cfg.train.max_steps * rows[0].tokens_per_step)
     total_time = tokens / (tps_gpu * gpus)
     # the recomputed forward: a third of the blocks' training FLOPs (not the output layer's)

@@ -1,4 +1,5 @@
-"""Memory per GPU of one training step, by part, for DDP, FSDP2 (full shard, hybrid) and FSDP2 + TP.
+"""Memory per GPU of one training step, by part, for DDP, FSDP2 (full shard, hybrid), FSDP2 + TP, expert
+parallelism (under DDP or FSDP2) and pipeline stages (pipeline_memory.py).
 
 The step is walked as a timeline and the peak is the largest total over its moments: the end of
 the forward pass (the fused loss at work), the backward pass of each block, the root module's
@@ -23,6 +24,11 @@ Each moment sums the parts that exist then:
                      layer (kept through forward and backward), each block's unsharded gradient and
                      its fp32 reduce-scatter input; tensor parallelism's collective outputs.
 
+Expert parallelism (`ep`): each GPU holds n_experts / ep of every MoE layer's expert stacks whole, with
+their fp32 gradients and optimizer state, beside what DDP or FSDP holds of the rest (FSDP leaves the
+experts out; DDP's buckets too). The all-to-all's row buffers live inside the MoE forward and backward,
+not at the step's peak (the loss), so they are not counted.
+
 Bytes are tensor bytes (what torch.cuda.max_memory_allocated counts); the CUDA context, NCCL's
 buffers and allocator fragmentation are the headroom the plan keeps free.
 """
@@ -35,6 +41,7 @@ from groundup.model.config import ModelConfig
 from groundup.plan.activations import (FP32, Layout, Numerics, block_backward_extra, block_saved, cpu_norm_extra,
                                        forward_extra, loss_bytes)
 from groundup.plan.params import ParamSplit, param_split
+from groundup.plan.pipeline_memory import pipeline_moments
 
 # How FSDP accumulates gradients over the micro-batches of one optimizer step:
 ACCUMULATION = {
@@ -68,6 +75,11 @@ class Setup:
     sequence_parallel: bool = False
     device: str = "cuda"
     fsdp_accumulate: str = "unsharded-fp32"  # see ACCUMULATION
+    ep: int = 1  # expert parallelism: each GPU holds n_experts / ep of every MoE layer's experts, unsharded
+    pp: int = 1  # pipeline stages (the blocks split over pp GPUs; FSDP over the gpus / pp of a stage)
+    pp_schedule: str = "1f1b"  # 1f1b, interleaved_1f1b or gpipe
+    pp_microbatches: int = 0  # pipeline micro-batches per micro-batch of `batch`; 0: pp
+    pp_virtual: int = 0  # stages per GPU; 0: 2 with interleaved_1f1b, else 1
 
 
 @dataclass
@@ -111,6 +123,12 @@ def optimizer_temporaries(ps: ParamSplit, s: Setup, params: float) -> float:
 
 
 def step_memory(s: Setup) -> Memory:
+    if s.pp > 1:  # pipeline stages: each rank's fullest moment (pipeline_memory.py), the largest is the peak
+        ps = param_split(s.model)
+        moments = [Moment(name, {**parts, "optimizer": optimizer_bytes(ps, s.optimizer, n)})
+                   for name, n, parts in pipeline_moments(s)]
+        top = max(moments, key=lambda m: m.total)
+        return Memory(top.total, top.name, dict(top.parts), moments)
     cfg, num = s.model, s.num
     ps = param_split(cfg)
     lay = Layout(s.tp, s.sequence_parallel, s.device)
@@ -122,8 +140,14 @@ def step_memory(s: Setup) -> Memory:
     blocks = [(b["total"] - b["replicated"]) / s.tp + b["replicated"] for b in ps.blocks]
     out_layer = (ps.lm_head or ps.embed) / s.tp  # the weight the loss uses (tied: the embedding)
     root = ps.root - (ps.embed + ps.lm_head) * (1 - 1 / s.tp)
-    total = sum(blocks) + root
     fsdp = s.strategy in ("fsdp", "hsdp", "fsdp+tp")
+    # expert parallelism: this GPU's experts, whole (FSDP and DDP leave them out), fp32 with their
+    # gradients and optimizer state; under FSDP `blocks` is what FSDP shards
+    xp = [b["experts"] / s.ep for b in ps.blocks] if s.ep > 1 else [0.0] * L
+    if s.ep > 1:
+        blocks = [n - b["experts"] + (0.0 if fsdp else x) for n, b, x in zip(blocks, ps.blocks, xp)]
+    experts = sum(xp) if fsdp else 0.0
+    total = sum(blocks) + root
     split = num.mode == "bf16-weights" and not fsdp  # a bf16 compute copy beside fp32 master weights
     w = num.weight  # bytes of the weights forward runs with
 
@@ -147,13 +171,13 @@ def step_memory(s: Setup) -> Memory:
 
     # ---- what is always there
     if fsdp:
-        static = {"weights": total * FP32 / s.shard, "master_weights": 0.0}
-        opt_params = total / s.shard
+        static = {"weights": total * FP32 / s.shard + experts * FP32, "master_weights": 0.0}
+        opt_params = total / s.shard + experts
     else:
         static = {"weights": total * (2 if split else w), "master_weights": total * FP32 if split else 0.0}
         opt_params = total
     static["optimizer"] = optimizer_bytes(ps, s.optimizer, opt_params)
-    buckets = total * (2 if split else FP32) if s.strategy == "ddp" else 0.0
+    buckets = (total - sum(xp)) * (2 if split else FP32) if s.strategy == "ddp" else 0.0
     grad_bytes = 2 if split else FP32  # the gradients backward produces for the stored weights
 
     moments: list[Moment] = []
@@ -184,10 +208,13 @@ def step_memory(s: Setup) -> Memory:
                 return (0.0 if first else total * FP32) + current * grad_bytes
             return (current if first else total) * grad_bytes
         sharded = total * FP32 / s.shard
+        # expert parallelism's local experts: whole fp32 gradients from their block's backward on
+        xg = (experts if stage != "backward" else sum(xp[i] for i in done)) if first else experts
+        xg = 0.0 if stage == "forward" and first else xg * FP32
         if stage == "step":
-            return sharded
+            return sharded + xg
         blocks_done = current - root_now
-        new_root = root_now * w  # the root's unsharded gradient until its reduce-scatter at the end
+        new_root = root_now * w + xg  # the root's unsharded gradient until its reduce-scatter at the end
         if not nosync:
             return (blocks_done * FP32 / s.shard if first else sharded) + new_root
         # no-sync accumulation: every block keeps its unsharded gradient until the last micro-batch

@@ -20,7 +20,7 @@ _REPLICATED = ("norm", "router", "q_down", "kv_down")
 
 @dataclass(frozen=True)
 class ParamSplit:
-    blocks: tuple[dict[str, int], ...]  # per block: total, matmul, replicated (norms, router, ...)
+    blocks: tuple[dict[str, int], ...]  # per block: total, matmul, replicated (norms, router, ...), experts
     embed: int
     lm_head: int  # 0 when tied
     final_norm: int
@@ -55,7 +55,7 @@ def param_split(cfg: ModelConfig) -> ParamSplit:
         model = build_meta(cfg)
         blocks = []
         for block in model.blocks:
-            entry = {"total": 0, "matmul": 0, "replicated": 0, "matrices_2d": 0}
+            entry = {"total": 0, "matmul": 0, "replicated": 0, "matrices_2d": 0, "experts": 0}
             for name, p in block.named_parameters():
                 n = p.numel()
                 entry["total"] += n
@@ -63,6 +63,8 @@ def param_split(cfg: ModelConfig) -> ParamSplit:
                     entry["matmul"] += n
                 if p.dim() == 2:
                     entry["matrices_2d"] += n
+                if "experts_" in name:  # the routed experts' stacks (expert parallelism splits them)
+                    entry["experts"] += n
                 if any(part in name for part in _REPLICATED):
                     entry["replicated"] += n
             blocks.append(entry)

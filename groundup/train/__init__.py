@@ -18,7 +18,11 @@ post-training verb (groundup.posttrain) runs on the same core with an objective 
     dcp.py           sharded checkpoints of FSDP2 and tensor-parallel runs (torch.distributed.checkpoint)
     distributed.py   torchrun: DDP, FSDP2 or FSDP2 x TP; full state dicts that load into any layout
     parallelize.py   tensor parallelism on DTensor: fused projections split, sequence parallelism
+    mesh.py          the named device mesh of HSDP and pipelined runs: (pp, replicate x shard | dp, tp)
+    pipeline.py      pipeline parallelism: stages cut by hand, GPipe / 1F1B / interleaved 1F1B, the bubble
+    expert_parallel.py  expert parallelism: MoE experts split over ranks, tokens exchanged all-to-all
     stability.py     data gate, spike skipping, rollback trigger
+    hang.py          the hang detector (stacks to RUN/hang-rank{R}.txt, a non-zero exit) and injected test faults
     time_budget.py   train.time_limit_s: max_steps and cadences re-planned from measured step times
     threads.py       the CPU thread count measured rather than assumed (`train.threads = -1`)
     metrics.py       metrics.jsonl, progress bar, TensorBoard/W&B, MFU and HFU (never above 100%)

@@ -46,12 +46,20 @@ class StepsConfig:
     # A JSON file {"time_limit_s": ...} another process may rewrite to move that limit while the run
     # trains (the demo does, as the load changes); "" = none (train/time_budget.py)
     time_limit_file: str = ""
+    # At start, continue from the run directory's newest intact checkpoint when it holds this verb's run
+    # (a damaged one skipped), else start fresh; `groundup launch` sets it so a restarted attempt resumes
+    auto_resume: bool = False
+    # Seconds a process may go without finishing a step before it dumps every thread's stack to
+    # RUN/hang-rank{R}.txt and exits non-zero, so the launcher restarts the group (train/hang.py); 0 = off
+    hang_timeout_s: float = 0.0
     steps_from_epochs: ClassVar[bool] = False  # post-training: max_steps = 0 derives them from the epochs
     min_seq_len: ClassVar[int] = 1  # post-training: seq_len = 0 is the base model's context
 
     def validate(self) -> None:
         if not (self.time_limit_s >= 0 and math.isfinite(self.time_limit_s)):
             fail("time_limit_s", self.time_limit_s, "0 (no limit) or a positive number of seconds")
+        if not (self.hang_timeout_s >= 0 and math.isfinite(self.hang_timeout_s)):
+            fail("hang_timeout_s", self.hang_timeout_s, "0 (off) or a positive number of seconds")
         if self.time_limit_file and not self.time_limit_s:
             fail("time_limit_file", self.time_limit_file, "a file only with a time_limit_s for it to move")
         if self.max_steps < (0 if self.steps_from_epochs else 1):
@@ -240,7 +248,10 @@ class LogConfig:
 class DistributedConfig:
     # Chosen when launched by torchrun with more than one process; one process ignores it, except that
     # fsdp under torchrun with one process shards over a one-process mesh (the sharded path on one GPU).
-    strategy: Literal["ddp", "fsdp"] = "ddp"  # ddp: a full model copy per process; fsdp: sharded (FSDP2)
+    # ddp: a full model copy per process; fsdp: sharded (FSDP2); hsdp: FSDP2 hybrid, sharded within a
+    # replica group and replicated across them (train/mesh.py)
+    strategy: Literal["ddp", "fsdp", "hsdp"] = "ddp"
+    replicas: int = 0  # hsdp: replica groups (each shards over processes / replicas); 0: one per node
     backend: Literal["auto", "nccl", "gloo"] = "auto"  # auto: nccl on GPUs, gloo on CPUs
     meta_init: bool = False  # FSDP: build on the meta device and initialise shards in place (big models)
     # FSDP with gradient accumulation: "every" reduce-scatters after each micro-batch, so gradients
@@ -252,15 +263,65 @@ class DistributedConfig:
     # (dp, tp) mesh. 1 = off. Needs strategy "fsdp" and tp dividing the world size and the heads.
     tp: int = 1
     sequence_parallel: bool = False  # with tp > 1: norms and residuals split by sequence (less memory)
+    # Seconds a collective may wait for the other processes before it fails and ends the attempt (a dead
+    # or stuck peer), so a launcher restarts it instead of hanging; the process group's timeout
+    timeout_s: float = 600.0
+    # Expert parallelism: each MoE layer's experts split over `ep` consecutive processes, tokens sent to
+    # their experts by all-to-all (train/expert_parallel.py). 1 = off. Must divide the processes and
+    # model.n_experts; data parallelism (ddp or fsdp) stays over every process.
+    ep: int = 1
+    # Pipeline parallelism (train/pipeline.py): the blocks split into `pp` stages on consecutive groups of
+    # processes, FSDP2 (or HSDP) over the processes / pp of a stage; 1 = off. Needs strategy fsdp or hsdp.
+    pp: int = 1
+    pp_schedule: Literal["1f1b", "interleaved_1f1b", "gpipe"] = "1f1b"  # gpipe: every forward, then every backward
+    pp_microbatches: int = 0  # pipeline micro-batches per loader batch (train.batch_size splits); 0: pp
+    pp_virtual_stages: int = 0  # stages per process; 0: 2 with interleaved_1f1b, else 1
 
     def validate(self) -> None:
+        pipeline_problem = _pipeline_problem(self)
+        if pipeline_problem:
+            fail(*pipeline_problem)
         if self.tp < 1:
             fail("tp", self.tp, "a positive integer (1 = no tensor parallelism)")
-        if self.tp > 1 and self.strategy != "fsdp":
+        if self.tp > 1 and self.strategy == "ddp":
             fail("tp", self.tp, "1 unless distributed.strategy = 'fsdp' (tensor parallelism composes with "
                  "FSDP2; with one data-parallel group FSDP only adds its wrapper)")
+        if not (self.timeout_s > 0 and math.isfinite(self.timeout_s)):
+            fail("timeout_s", self.timeout_s, "a positive number of seconds")
         if self.sequence_parallel and self.tp == 1:
             fail("sequence_parallel", True, "false unless distributed.tp > 1")
+        if self.ep < 1:
+            fail("ep", self.ep, "a positive integer (1 = no expert parallelism)")
+        if self.ep > 1 and self.tp > 1:
+            fail("ep", self.ep, "1 when distributed.tp > 1 (tensor parallelism does not shard MoE layers)")
+        if self.ep > 1 and self.strategy == "hsdp":
+            fail("ep", self.ep, "1 with strategy 'hsdp' (expert parallelism composes with 'ddp' and 'fsdp')")
+        if self.ep > 1 and self.meta_init:
+            fail("ep", self.ep, "1 with distributed.meta_init (build the model whole, then shard the experts)")
+
+
+def _pipeline_problem(c: DistributedConfig) -> tuple | None:
+    """(key, value, expected) for the first bad pipeline or HSDP setting, or None."""
+    if c.replicas < 0 or (c.replicas and c.strategy != "hsdp"):
+        return "replicas", c.replicas, "0 (one per node) or a positive count, and only with strategy 'hsdp'"
+    if c.pp < 1:
+        return "pp", c.pp, "a positive integer (1 = no pipeline parallelism)"
+    if c.pp > 1 and c.strategy == "ddp":
+        return "pp", c.pp, ("1 unless distributed.strategy is 'fsdp' or 'hsdp' (each stage shards over its "
+                            "data-parallel group)")
+    if c.pp > 1 and (c.tp > 1 or c.ep > 1):
+        return "pp", c.pp, ("1 when distributed.tp or distributed.ep > 1 (pipeline stages are not tensor- or "
+                            "expert-parallel here)")
+    if c.pp_microbatches < 0:
+        return "pp_microbatches", c.pp_microbatches, "0 (= distributed.pp) or a positive count"
+    if c.pp > 1 and c.pp_schedule != "gpipe" and 0 < c.pp_microbatches < c.pp:
+        return "pp_microbatches", c.pp_microbatches, f">= distributed.pp ({c.pp}) for a 1F1B schedule"
+    interleaved = c.pp_schedule == "interleaved_1f1b"
+    v = c.pp_virtual_stages
+    if v < 0 or (v == 1 and interleaved) or (v > 1 and not interleaved):
+        return "pp_virtual_stages", c.pp_virtual_stages, ("0 or >= 2 with pp_schedule 'interleaved_1f1b'" if interleaved
+                                                          else "0 or 1 unless pp_schedule = 'interleaved_1f1b'")
+    return None
 
 
 @dataclass

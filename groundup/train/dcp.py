@@ -51,6 +51,7 @@ from groundup.io import atomic_write_text, disk_full_error, follow_umask, replac
 from groundup.layout import checkpoints_dir, file_digest, latest_pointer, step_name
 from groundup.train.checkpoint import GROUPS_FILE, load_plain_pickle
 from groundup.train.parallelize import fuse_param_groups, fuse_state, split_names
+from groundup.train.pipeline import merge_groups, own_param_groups
 
 MODEL, OPTIM = "model/", "optim/"
 FORMAT = "torch.distributed.checkpoint"
@@ -189,8 +190,13 @@ def start_save(d, model, optimizers, run_dir: Path, step: int, async_save: bool,
     settle(d)  # one write at a time; the previous one's failure is raised here, on every process
     tmp = _tmp_dir(run_dir, step, d)
     flat, _, osd, scalars = _flat_state(model, optimizers)
+    groups = {"param_groups": osd["param_groups"], "scalars": scalars}
+    if getattr(d, "pp", 1) > 1:  # each pipeline stage's optimizer names its own parameters: the file names all
+        everyone = [None] * d.processes
+        dist.all_gather_object(everyone, groups, group=d.ckpt_group)
+        groups = merge_groups(everyone)
     job = _Write(step, tmp, checkpoints_dir(run_dir) / step_name(step), finish=finish, rotate=rotate,
-                 groups={"param_groups": osd["param_groups"], "scalars": scalars})
+                 groups=groups)
     writer = FileSystemWriter(tmp, single_file_per_rank=True, sync_files=True, thread_count=1)
     writer.fs = _NamedFileSystem()
     if async_save:
@@ -323,11 +329,16 @@ def restore(d, model, optimizers, step_dir: Path, meta: dict, full_loaders) -> N
     saved = {k: tuple(m.size) for k, m in SafeReader(step_dir).read_metadata().state_dict_metadata.items()}
     if d.sharded:
         flat, msd, osd, scalars = _flat_state(model, optimizers)
-        if saved == {k: tuple(v.shape) for k, v in flat.items()}:  # the same names and shapes: load the shards
+        mine = {k: tuple(v.shape) for k, v in flat.items()}
+        # The same names and shapes: load the shards (a pipeline stage: its own part of them).
+        if saved == mine or (getattr(d, "pp", 1) > 1 and mine.items() <= saved.items()):
             dcp.load(flat, storage_reader=SafeReader(step_dir), planner=_TensorsOnly(), process_group=d.ckpt_group)
             set_model_state_dict(model, msd)
             state = {fqn: {**slots, **groups["scalars"].get(fqn, {})} for fqn, slots in osd["state"].items()}
-            set_optimizer_state_dict(model, optimizers, {"state": state, "param_groups": groups["param_groups"]})
+            param_groups = groups["param_groups"]
+            if getattr(d, "pp", 1) > 1:
+                param_groups = own_param_groups(model, param_groups)
+            set_optimizer_state_dict(model, optimizers, {"state": state, "param_groups": param_groups})
             return
     # Another layout: the whole state in each process, under the plain model's names.
     splits = {k: (tuple(v[0]), list(v[1])) for k, v in meta.get("sharded", {}).get("split_projections", {}).items()}
@@ -350,5 +361,5 @@ def consolidate(step_dir: Path, splits: dict) -> dict[str, torch.Tensor]:
 def describe(d, model) -> dict:
     """What meta.json records about a sharded checkpoint's layout."""
 
-    return {"format": FORMAT, "processes": d.processes, "tp": d.tp,
+    return {"format": FORMAT, "processes": d.processes, "tp": d.tp, "pp": getattr(d, "pp", 1),
             "split_projections": {k: [list(n), list(s)] for k, (n, s) in split_names(model).items()}}

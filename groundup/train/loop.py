@@ -28,6 +28,7 @@ from groundup.layout import RUN_CONFIG_FILE, SUMMARY_FILE, checkpoint_problem, f
 from groundup.train import checkpoint as ckpt
 from groundup.train.config import check_compatible
 from groundup.train.distributed import Dist, init_distributed
+from groundup.train.expert_parallel import expert_metrics
 from groundup.train.flops import step_flops
 from groundup.train.metrics import MetricsLog, Utilization, truncate_metrics
 from groundup.train.peak import peak_flops
@@ -75,17 +76,19 @@ def training_session(cfg, model_cfg=None) -> Iterator[tuple[Dist, dict]]:
         d.close()
 
 
-def _resume(state: TrainState, note) -> tuple[int, str | None]:
-    """Restore the newest intact checkpoint; returns (metrics.jsonl offset, its name or None)."""
+def _resume(state: TrainState, note, damaged_ok: bool = False) -> tuple[int, str | None]:
+    """Restore the newest intact checkpoint; returns (metrics.jsonl offset, its name or None).
+    `damaged_ok` (train.auto_resume): when every checkpoint is damaged, start again from step 0."""
     d, out = state.dist, state.run_dir
     found = find_intact_checkpoint(out, note) if d.is_main else None
     existed = bool(list_checkpoints(out)) if d.is_main else False
     found, existed = d.broadcast((str(found) if found else None, existed))
     if found is None:
-        if existed:  # checkpoints were written and every one is damaged: keep the history, refuse
+        if existed and not damaged_ok:  # checkpoints were written and every one is damaged: keep the history, refuse
             raise CheckpointError(f"{out}: no intact checkpoint to resume from (the warnings above say why each "
                                   "is unusable); metrics.jsonl and the checkpoints were left as they are")
-        note(f"note: {out} holds no checkpoint yet; starting it again from step 0")
+        note(f"warning: {out}: no intact checkpoint (train.auto_resume); starting it again from step 0" if existed
+             else f"note: {out} holds no checkpoint yet; starting it again from step 0")
         return 0, None
     data = ckpt.load_checkpoint(Path(found))
     check_compatible(saved_config(type(state.cfg), data["meta"]["config"]), state.cfg, found)
@@ -94,14 +97,15 @@ def _resume(state: TrainState, note) -> tuple[int, str | None]:
 
 
 def run(state: TrainState, *, resume: bool = False, changes: list[str] | None = None,
-        stop: dict | None = None, began: float | None = None) -> dict:
+        stop: dict | None = None, began: float | None = None, step_done=None) -> dict:
     """Train `state` to `cfg.train.max_steps` in `state.run_dir`; returns the summary (also RUN/summary.json).
 
-    `began`: when the verb started (time.time()), so the summary's wall time includes its setup."""
+    `began`: when the verb started (time.time()), so the summary's wall time includes its setup.
+    `step_done(step)`: called as the loop starts and after every step (the hang detector, hang.watch)."""
     d, cfg, out = state.dist, state.cfg, state.run_dir
     note = print if d.is_main else (lambda *_: None)
     began = time.time() if began is None else began
-    offset, resumed_from = _resume(state, note) if resume else (0, None)
+    offset, resumed_from = _resume(state, note, cfg.train.auto_resume) if resume else (0, None)
     if d.is_main:
         truncate_metrics(out, offset)
     log = MetricsLog(out, d.is_main, cfg.train.max_steps, state.step, cfg.log.progress, cfg.log.tensorboard,
@@ -110,7 +114,7 @@ def run(state: TrainState, *, resume: bool = False, changes: list[str] | None = 
         log.write({"event": "resume", "step": state.step, "from": resumed_from, "world_size": d.world_size,
                    "changed": list(changes or [])})
     try:
-        return _loop(state, log, stop if stop is not None else {}, began)
+        return _loop(state, log, stop if stop is not None else {}, began, step_done or (lambda step: None))
     finally:
         log.close()
 
@@ -233,19 +237,22 @@ def _log_data_events(state: TrainState, log: MetricsLog, r) -> None:
         log.note(f"step {state.step}: skipped ({r.skipped})")
 
 
-def _loop(state: TrainState, log: MetricsLog, stop: dict, began: float) -> dict:
+def _loop(state: TrainState, log: MetricsLog, stop: dict, began: float, step_done) -> dict:
     cfg, d = state.cfg, state.dist
     compute_dtype = torch.float32 if state.precision.emulate else state.precision.compute_dtype
     # The FLOPs this step does (LoRA, frozen layers, recomputation) over every accelerator's peak, tensor-
     # parallel ones included; the main process alone calibrates a peak, so no two measure at once.
     peak = d.broadcast(peak_flops(d.device, compute_dtype, cfg.log.peak_flops) if d.is_main else None)
-    util = Utilization(step_flops(state.precision.compute, state.seq_len, cfg.train.grad_checkpointing), peak,
+    # A pipelined run's processes hold a stage each: the FLOPs per token are the whole model's (its meta copy).
+    flops_model = getattr(state.precision.compute, "flops_model", state.precision.compute)
+    util = Utilization(step_flops(flops_model, state.seq_len, cfg.train.grad_checkpointing), peak,
                        d.processes, log.note)
     interval_time, interval_tokens, session_time, session_tokens = 0.0, 0, 0.0, 0
     last_eval: dict = {}
     last_loss, interrupted, start_step = float("nan"), None, state.step
     budget, timed_out = TimeBudget(cfg.train.time_limit_s, began, state.step, cfg.train.time_limit_file), False
     tuner = ThreadTuner(cfg.train.threads == -1 and d.device.type == "cpu", state.model_cfg.d_model)
+    step_done(state.step)
     while state.step < cfg.train.max_steps:
         started = time.perf_counter()
         moved = budget.refresh()  # train.time_limit_file: another process moved the limit
@@ -262,6 +269,7 @@ def _loop(state: TrainState, log: MetricsLog, stop: dict, began: float) -> dict:
             budget.steps.clear()
             log.write({"event": "threads", "step": state.step + 1, "threads": threads})
         state.step += 1
+        step_done(state.step)
         state.tokens += r.tokens
         state.elapsed += took
         state.gated += r.gated
@@ -279,7 +287,8 @@ def _loop(state: TrainState, log: MetricsLog, stop: dict, began: float) -> dict:
             rate = interval_tokens / interval_time if interval_time else 0.0
             log.step({"step": state.step, "tokens": state.tokens, **r.metrics, "lr": r.lr, "grad_norm": r.grad_norm,
                       "grad_norm_clipped": r.grad_norm_clipped, "tokens_per_sec": rate, **util.of(rate),
-                      "elapsed_s": state.elapsed, "skipped": state.guard.skipped, "gated": state.gated})
+                      "elapsed_s": state.elapsed, "skipped": state.guard.skipped, "gated": state.gated,
+                      **expert_metrics(state.model, d)})
             interval_time, interval_tokens = 0.0, 0
         if r.broken or (r.skipped and state.guard.should_roll_back()):
             _roll_back(state, log, r.skipped, r.broken)
@@ -324,6 +333,8 @@ def _loop(state: TrainState, log: MetricsLog, stop: dict, began: float) -> dict:
         "skipped_steps": state.guard.skipped, "gated_sequences": state.gated, "rollbacks": state.guard.rollbacks,
         "interrupted": interrupted, "precision": state.precision.mode, "world_size": d.world_size,
         "strategy": d.strategy, "tp": d.tp, "processes": d.processes, "max_steps": cfg.train.max_steps,
+        "replicas": d.replicas, "pp": d.pp,
+        "pp_bubble": getattr(getattr(state.model, "layout", None), "bubble", 0.0),  # pipeline.py's theory
         "time_limit_s": budget.limit, "time_limit_reached": timed_out,
         "replans": budget.plans, "threads": torch.get_num_threads(), "checkpoint_saves": budget.saves,
         "checkpoint_async": d.sharded and bool(getattr(getattr(cfg, "checkpoint", None), "async_save", False)),

@@ -133,8 +133,11 @@ def build_optimizers(model: nn.Module, cfg: OptimConfig) -> list[torch.optim.Opt
     """The optimizers for `model`'s parameters; the schedule sets their rates before each step."""
     named = param_groups(model, cfg)
     sharded = any(_is_dtensor(p) for group in named.values() for _, p in group)
-    groups = [{"params": [p for _, p in named[k]], "weight_decay": wd}
-              for k, wd in (("decay", cfg.weight_decay), ("no_decay", 0.0)) if named[k]]
+    # One group per device mesh (plain tensors: none): a fused or foreach kernel takes one kind only, and
+    # expert parallelism's expert shards live on another mesh than FSDP's (or beside DDP's plain tensors).
+    groups = [{"params": [p for _, p in named[k] if getattr(p, "device_mesh", None) == mesh], "weight_decay": wd}
+              for k, wd in (("decay", cfg.weight_decay), ("no_decay", 0.0))
+              for mesh in dict.fromkeys(getattr(p, "device_mesh", None) for _, p in named[k])]
     if cfg.name == "lion":
         return [Lion(groups, lr=0.0, betas=cfg.lion_betas)]
     optimizers = [_adamw(groups, cfg)]

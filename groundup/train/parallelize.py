@@ -23,9 +23,9 @@ stream is split by sequence over tp, the norms run on their shard, and the row-p
 projections reduce-scatter instead of all-reducing; activations per process drop by tp. The last
 block gathers the sequence back for the final norm and the loss.
 
-Not sharded here: multi-head latent attention and mixture-of-experts layers (expert parallelism
-needs an all-to-all token exchange that the MoE layer's gather/scatter over stacked experts does not
-have), and QK-norm (its per-head weights would receive partial gradients on each tp process).
+Not sharded here: multi-head latent attention and mixture-of-experts layers (those split by expert
+instead: distributed.ep, expert_parallel.py), and QK-norm (its per-head weights would receive partial
+gradients on each tp process).
 """
 
 from __future__ import annotations
@@ -73,7 +73,8 @@ def check_tp(model_cfg, tp: int, seq_len: int | None = None, sequence_parallel: 
                           "tensor-parallel here; use FSDP alone (distributed.tp = 1)", key="distributed.tp")
     if model_cfg.n_experts:
         raise ConfigError("distributed.tp > 1 with model.n_experts > 0: mixture-of-experts layers are not "
-                          "tensor- or expert-parallel here; use FSDP alone (distributed.tp = 1)", key="distributed.tp")
+                          "tensor-parallel here; split their experts instead (distributed.tp = 1, distributed.ep)",
+                          key="distributed.tp")
     if model_cfg.qk_norm:
         raise ConfigError("distributed.tp > 1 with model.qk_norm = true is not supported (the per-head norm "
                           "weights would get partial gradients on each tp process)", key="distributed.tp")

@@ -16,6 +16,10 @@ post-training loads the base model (`load_base`). The main process then marks th
 and writes the tokenizer copy. `commit` checks a resume against the saved config by key and writes
 RUN/config.toml; `train` commits if the verb has not (a verb commits early when a resume must be
 refused before costly work, such as DPO's reference log-likelihoods).
+
+Recovery is here too, once for every verb: `train.auto_resume` turns a start into a resume when the
+run directory already holds this verb's run (a restarted attempt under `groundup launch`), and
+`train` runs the loop inside hang.watch (the hang detector, train.hang_timeout_s).
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from groundup.model.lora import apply_lora
 from groundup.quant.quantized_dir import is_quantized, read_quant_spec
 from groundup.train.config import check_compatible, resume_differences
 from groundup.train.distributed import Dist
+from groundup.train.hang import watch
 from groundup.train.loop import run as run_loop
 from groundup.train.loop import training_session
 from groundup.train.metrics import check_trackers
@@ -109,7 +114,9 @@ class Run:
         state = self.build(objective, loader, model=model)
         if on_start is not None:
             on_start(state)
-        return run_loop(state, resume=self.resume, changes=self.changes, stop=self.stop, began=self.began)
+        with watch(self.out, self.dist.global_rank, self.cfg.train.hang_timeout_s) as step_done:
+            return run_loop(state, resume=self.resume, changes=self.changes, stop=self.stop, began=self.began,
+                            step_done=step_done)
 
 
 def load_base(cfg, note: Callable[[str], None] = print) -> tuple[nn.Module, Any, Path]:
@@ -159,6 +166,8 @@ def open_run(cfg, out: str | Path, resume: bool = False, *, base: str | None = N
     `base`: post-training's starting model (on a resume, the one the run's saved config names)."""
     out, verb = Path(out), getattr(cfg, "verb", "train")
     began = time.time()
+    # train.auto_resume: a restarted attempt (or a relaunch) continues the run it finds, else starts it
+    resume = resume or (cfg.train.auto_resume and (out / RUN_CONFIG_FILE).is_file())
     check_trackers(cfg.log.tensorboard, cfg.log.wandb)  # refused before the run directory is created
     if made_by(out) not in (None, verb):  # another verb's folder is refused before the lock touches it
         claim_output_dir(out, verb, resume=resume)

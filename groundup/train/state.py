@@ -34,6 +34,7 @@ from groundup.train.distributed import (Dist, full_model_state, full_optimizer_s
                                         load_optimizer_state, wrap)
 from groundup.train.objective import Objective
 from groundup.train.optimizers import build_optimizers
+from groundup.train.pipeline import pipeline_model
 from groundup.train.precision import Precision
 from groundup.train.schedules import Schedule
 from groundup.train.stability import SpikeGuard
@@ -96,6 +97,8 @@ def build_state(cfg, dist: Dist, objective: Objective, loader, *, tokenizer=None
     else:
         model = model.to(d.device)
     model.grad_checkpointing = cfg.train.grad_checkpointing
+    if d.pp > 1:  # this process's pipeline stages, under the whole model's parameter names (pipeline.py)
+        model = pipeline_model(model, d, cfg, objective)
     precision = Precision(cfg.precision, d.device, fsdp=d.strategy == "fsdp")
     compute = precision.setup(model)
     wrapped = wrap(compute, d, precision.fsdp_policy(), find_unused=model_cfg.n_experts > 0)

@@ -6,7 +6,8 @@ Order matters and is tested:
    however they are split between micro-batches and processes.
 2. Set the learning rate for this step, before anything can call `optimizer.step()`.
 3. Forward and backward each micro-batch, scaling its mean loss by its share of the step's
-   units; data-parallel gradients are all-reduced only after the last micro-batch.
+   units; data-parallel gradients are all-reduced only after the last micro-batch. With pipeline
+   stages (distributed.pp) the schedule of pipeline.py runs them, and the loss comes from the last stage.
 4. Global gradient norm before clipping; the spike guard decides whether the update happens.
 5. Clip, `optimizer.step()`, MoE bias update (load summed over processes), zero gradients.
 """
@@ -19,6 +20,7 @@ import torch
 
 from groundup.train.distributed import grad_sync, total_norm
 from groundup.train.objective import batch_tokens
+from groundup.train.pipeline import pipeline_step
 from groundup.train.state import TrainState, weights_finite
 
 
@@ -54,29 +56,19 @@ def train_step(state: TrainState, stop_requested: bool = False) -> StepResult:
     n_total, n_gated, tokens = d.sum([sum(counts), len(gated_rows), tokens])
     lr = state.schedule.apply(state.optimizers, state.step)
 
-    sums: dict[str, torch.Tensor] = {}
-    for i, (batch, n) in enumerate(zip(micro, counts)):
-        last = i == len(micro) - 1
-        with grad_sync(state.model, d, last, cfg.distributed.fsdp_grad_sync == "every"):
-            with precision.context():
-                out = objective(state.step_model, batch, d.device)
-            # DDP and FSDP average gradients over processes, hence the world size.
-            scale = n * d.world_size / n_total if n_total else 0.0
-            (out.loss * scale).backward()
-        for name, value in out.metrics.items():
-            value = torch.as_tensor(value).detach().double().cpu() * n
-            sums[name] = sums[name] + value if name in sums else value
-        if precision.split and d.strategy == "single":
-            precision.grads_to_master()  # accumulate micro-batches in fp32
-    if precision.split and d.strategy != "single":
-        precision.grads_to_master()  # DDP reduced the bf16 gradients at the last micro-batch
+    extra: dict[str, float] = {}
+    if d.pp > 1:  # the pipeline's schedule runs every micro-batch; the loss sums come from the last stage
+        sums, extra = pipeline_step(state, micro, n_total)
+    else:
+        sums = _forward_backward(state, micro, counts, n_total)
 
     names = list(sums)
     *totals, stop = d.sum([float(sums[k]) for k in names] + [float(stop_requested)])
     metrics = {k: (v / n_total if n_total else float("nan")) for k, v in zip(names, totals)}
+    metrics.update(extra)
     loss = metrics.get("loss", float("nan"))
     params = [p for p in precision.master.parameters() if p.grad is not None]
-    norm = total_norm([p.grad for p in params])
+    norm = total_norm([p.grad for p in params], d.pp)
     skipped = ("nothing to learn from: every sequence was dropped by the data gate or carried no signal" if not n_total
                else state.guard.judge(state.step, loss, norm))
     broken = False
@@ -100,6 +92,28 @@ def train_step(state: TrainState, stop_requested: bool = False) -> StepResult:
     precision.zero_grad()
     return StepResult(lr, loss, metrics, norm, norm * coef, skipped, broken, int(n_gated), bool(stop), int(tokens),
                       [getattr(b, "docs", []) for b in micro], gated_rows)
+
+
+def _forward_backward(state: TrainState, micro: list, counts: list[int], n_total: float) -> dict[str, torch.Tensor]:
+    """Forward and backward of each micro-batch on this process; the metrics' sums weighted by units."""
+    cfg, d, precision, objective = state.cfg, state.dist, state.precision, state.objective
+    sums: dict[str, torch.Tensor] = {}
+    for i, (batch, n) in enumerate(zip(micro, counts)):
+        last = i == len(micro) - 1
+        with grad_sync(state.model, d, last, cfg.distributed.fsdp_grad_sync == "every"):
+            with precision.context():
+                out = objective(state.step_model, batch, d.device)
+            # DDP and FSDP average gradients over processes, hence the world size.
+            scale = n * d.world_size / n_total if n_total else 0.0
+            (out.loss * scale).backward()
+        for name, value in out.metrics.items():
+            value = torch.as_tensor(value).detach().double().cpu() * n
+            sums[name] = sums[name] + value if name in sums else value
+        if precision.split and d.strategy == "single":
+            precision.grads_to_master()  # accumulate micro-batches in fp32
+    if precision.split and d.strategy != "single":
+        precision.grads_to_master()  # DDP reduced the bf16 gradients at the last micro-batch
+    return sums
 
 
 def _update_moe(state: TrainState) -> None:
