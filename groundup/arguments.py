@@ -3,6 +3,7 @@
     add_model_argument(p)          --model MODEL (aliases --checkpoint, --base): the model a verb reads
     add_loading_arguments(p)       --tokenizer, --adapter, --device, --dtype of loading it
     add_progress_argument(p)       --quiet (alias --no-progress): no progress bars
+    add_tool_arguments(p)          --tools SPEC and --max-tool-calls N: generation that runs tools
     add_output_arguments(p)        --out DIR and --resume [RUN]: a new run, or continue one
     add_config_arguments(p, cls)   --config FILE, --print-config and trailing key=value overrides
 
@@ -42,6 +43,16 @@ def add_loading_arguments(p: argparse.ArgumentParser, *, adapter: bool = True, d
 
 def add_progress_argument(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", "--no-progress", dest="quiet", action="store_true", help="no progress bars")
+
+
+def add_tool_arguments(p: argparse.ArgumentParser) -> None:
+    """--tools calculator,python,module:function and --max-tool-calls N (generate, chat, eval)."""
+    p.add_argument("--tools", default=None, metavar="SPEC",
+                   help="tools the model may call while it generates (comma-separated): calculator, python (the "
+                        "sandbox), or module:function (a Python function; its signature and docstring are the "
+                        "schema). Needs a model with a chat format (default: no tools)")
+    p.add_argument("--max-tool-calls", type=int, default=4, metavar="N",
+                   help="with --tools: calls per reply before the model must answer (default: 4)")
 
 
 def add_output_arguments(p: argparse.ArgumentParser, what: str = "run directory") -> None:

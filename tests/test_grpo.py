@@ -150,7 +150,7 @@ def test_truncated_completions_count_in_advantages_but_are_not_trained(setup):
     from groundup.posttrain.grpo import GRPOObjective
     from groundup.posttrain.rollout import RolloutLoader, read_prompts
 
-    tok, model = small_tokenizer(), tiny_model(max_seq_len=128, init_std=0.2)
+    tok, model = small_tokenizer(), tiny_model(max_seq_len=128, init_std=1.0)
     prompts, _, _ = read_prompts([setup / "prompts.jsonl"], tok, 120)
     batches = {}
     for mask in (False, True):

@@ -136,6 +136,7 @@ def writer_argv(verb: str, out: Path, m: dict, resume: bool = False) -> list:
         "grpo": ["grpo", "--model", run, "--prompts", m["prompts"], "--reward", REWARD, *dest, *GRPO],
         "rft": ["rft", "--model", run, "--prompts", m["prompts"], "--reward", REWARD, "--out", out, *POST,
                 "rft.rounds=1", "rft.samples=2", "rft.max_new_tokens=4"],
+        "data trajectories": ["data", "trajectories", m["chat"], "--tokenizer", o["tokenizer train"], "--out", out],
         "data pairs": ["data", "pairs", "--model", run, "--prompts", m["prompts"], "--reward", REWARD, *dest,
                        "--samples", "2", "--max-new-tokens", "4", "--quiet"],
         "merge-lora": ["merge-lora", "--adapter", o["sft"], "--out", out],
@@ -165,7 +166,7 @@ def snapshot(folder: Path) -> dict:
             for p in sorted(folder.rglob("*"))}
 
 
-FILE_WRITERS = ["data pairs", "export gguf", "data train-classifier"]  # one file at --out: a folder is refused
+FILE_WRITERS = ["data pairs", "export gguf", "data train-classifier", "data trajectories"]  # one file at --out: a folder is refused
 WRITERS = [*FOLDER_VERBS, *FILE_WRITERS]
 RESUMERS = [v for v, how in FOLDER_VERBS.items() if how == RUN] + ["data pairs"]
 

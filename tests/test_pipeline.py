@@ -1,13 +1,15 @@
 """Pipeline parallelism on CPU with gloo, against one process with the same global batch of 4 sequences.
 
-A 4-layer untied tiny model (the first and last stage cannot share a tied embedding). One domain, so
-every split of the global batch reads the 4 windows one process reads.
+A 4-layer untied tiny model, and a tied one (the first and last stage each hold the embedding). One
+domain, so every split of the global batch reads the 4 windows one process reads.
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file
@@ -23,9 +25,14 @@ from tests.train_helpers import env, metrics, shared_shards, tiny_config
 MODEL = ["model.n_layers=4", "model.tie_embeddings=false", "train.seq_len=32", "train.device=cpu"]
 
 
-def torchrun(n: int, *args: str) -> None:
+TIED = ["model.n_layers=4", "model.tie_embeddings=true", "train.seq_len=32", "train.device=cpu"]
+WORKER = Path(__file__).parent / "pp_tied_worker.py"
+
+
+def torchrun(n: int, *args: str, worker: bool = False) -> None:
+    what = [str(WORKER)] if worker else ["-m", "groundup", "train"]  # the worker: `train` that checks tied copies
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n),
-           "-m", "groundup", "train", *args, "train.threads=1", "--quiet"]
+           *what, *args, "train.threads=1", "--quiet"]
     result = subprocess.run(cmd, capture_output=True, text=True, env=env(), timeout=240)
     assert result.returncode == 0, result.stderr[-4000:]
 
@@ -38,10 +45,18 @@ def single(tmp_path_factory):
     return shards, run
 
 
-def pipelined(shards, run, n: int, batch: int, *options: str) -> dict:
+@pytest.fixture(scope="module")
+def single_tied(tmp_path_factory):
+    shards = shared_shards(tmp_path_factory)[0]
+    run = tmp_path_factory.mktemp("pp") / "single-tied"
+    train(tiny_config(shards, *COMMON, *TIED), run)
+    return shards, run
+
+
+def pipelined(shards, run, n: int, batch: int, *options: str, model=MODEL, worker: bool = False) -> dict:
     """A fresh pipelined run; returns its summary after checking it took the reference's 10 steps."""
-    torchrun(n, "--out", str(run), f"data.shards={shards}", *MODEL, *COMMON, "schedule.peak_lr=2e-3", "log.every=1",
-             "eval.every=0", f"train.batch_size={batch}", "distributed.strategy=fsdp", *options)
+    torchrun(n, "--out", str(run), f"data.shards={shards}", *model, *COMMON, "schedule.peak_lr=2e-3", "log.every=1",
+             "eval.every=0", f"train.batch_size={batch}", "distributed.strategy=fsdp", *options, worker=worker)
     return summary(run)
 
 
@@ -119,6 +134,38 @@ def test_interleaved_1f1b_two_virtual_stages_per_process(single, tmp_path):
     assert_matches(tmp_path / "single-then-pp", ref, 6)
 
 
+def test_tied_embeddings_two_stages_match_one_process_and_load_into_one(single_tied, tmp_path):
+    """The first and last stage each hold `embed.weight`; their gradients are summed, so both copies stay equal."""
+    shards, ref = single_tied
+    run = tmp_path / "pp2-tied"
+    pipelined(shards, run, 2, 4, "distributed.pp=2", "distributed.pp_schedule=1f1b", model=TIED, worker=True)
+    assert_matches(run, ref)
+    # After the 10th update both ends' copies are bit-identical (each process compared with its partner).
+    assert [json.loads((run / f"tied_diff_{r}.json").read_text()) for r in (0, 1)] == [[True, 0.0], [True, 0.0]]
+    step = run / "checkpoints" / f"step_{STEPS:07d}"
+    names = set(load_file(step / "model.safetensors"))
+    assert "embed.weight" in names and "lm_head.weight" not in names  # one name, the one-process model's
+    assert names == set(load_file(ref / "checkpoints" / step.name / "model.safetensors"))
+
+    # Its step-5 checkpoint, resumed by one process (tied), takes the same steps 6-10.
+    rewind(run, tmp_path / "pp-tied-then-single", 5)
+    train(tiny_config(shards, *COMMON, *TIED, "distributed.pp=1"), tmp_path / "pp-tied-then-single", resume=True)
+    assert_matches(tmp_path / "pp-tied-then-single", ref, 6)
+
+
+def test_pp2_x_tp2_on_four_processes(single_tied, tmp_path):
+    """A (pp 2, dp 1, tp 2) mesh: each stage's blocks split over its tp pair; tied embeddings on top."""
+    shards, ref = single_tied
+    run = tmp_path / "pp2tp2"
+    s = pipelined(shards, run, 4, 4, "distributed.pp=2", "distributed.tp=2", model=TIED)
+    assert (s["pp"], s["tp"], s["world_size"], s["processes"]) == (2, 2, 1, 4)
+    assert_matches(run, ref)
+    meta = read_checkpoint_meta(run / "checkpoints" / f"step_{STEPS:07d}")["sharded"]
+    # Every stage's split projections are named, so the consolidated model holds only fused names.
+    assert sorted(meta["split_projections"]) == [f"blocks.{i}.{p}" for i in range(4)
+                                                  for p in ("attn.qkv_proj", "mlp.gate_up_proj")]
+
+
 def test_bubble_fraction():
     assert bubble_fraction("1f1b", 4, 8) == pytest.approx(3 / 11)
     assert bubble_fraction("gpipe", 4, 8) == pytest.approx(3 / 11)
@@ -140,7 +187,7 @@ def test_merged_optimizer_groups_name_every_stage_once():
 @pytest.mark.parametrize("overrides, key, message", [
     (["distributed.pp=2"], "distributed.pp", "'fsdp' or 'hsdp'"),
     (["distributed.strategy=fsdp", "distributed.pp=0"], "distributed.pp", "positive integer"),
-    (["distributed.strategy=fsdp", "distributed.pp=2", "distributed.tp=2"], "distributed.pp", "tp or distributed.ep"),
+    (["distributed.strategy=fsdp", "distributed.pp=2", "distributed.ep=2"], "distributed.pp", "distributed.ep > 1"),
     (["distributed.strategy=fsdp", "distributed.pp=4", "distributed.pp_microbatches=2"],
      "distributed.pp_microbatches", ">= distributed.pp"),
     (["distributed.strategy=fsdp", "distributed.pp=2", "distributed.pp_virtual_stages=2"],
@@ -157,7 +204,6 @@ def test_config_refuses_bad_pipelines(overrides, key, message):
 @pytest.mark.parametrize("overrides, key, message", [
     (["model.n_layers=3"], "distributed.pp", "must divide model.n_layers"),
     (["distributed.pp_schedule=interleaved_1f1b"], "distributed.pp_virtual_stages", "2 x 2 must divide"),
-    (["model.tie_embeddings=true"], "model.tie_embeddings", "share the embedding"),
     (["train.batch_size=3"], "distributed.pp_microbatches", "must divide train.batch_size"),
     (["eval.every=5"], "eval.every", "not pipelined"),
     (["eval.at_end=true"], "eval.at_end", "not pipelined"),

@@ -20,7 +20,7 @@ from tokenizer_helpers import (  # noqa: E402, F401  (tok is a fixture)
 
 from groundup.cli import main  # noqa: E402
 from groundup.errors import ConfigError, DataError  # noqa: E402
-from groundup.tokenizer import SPECIAL_TOKENS, Tokenizer, TokenizerConfig, train_tokenizer  # noqa: E402
+from groundup.tokenizer import SPECIAL_TOKENS, TOOL_TOKENS, Tokenizer, TokenizerConfig, train_tokenizer  # noqa: E402
 from groundup.layout import TOKENIZER_FILE, TOKENIZER_META_FILE as META_FILE  # noqa: E402
 
 
@@ -84,13 +84,16 @@ def test_vocabulary_layout(tok):
     assert tok.vocab_size == SMALL_VOCAB
     assert tok.tokens[:256] == [bytes([b]) for b in range(256)]
     names = list(SPECIAL_TOKENS)
-    assert [tok.special_ids[n] for n in names] == list(range(SMALL_VOCAB - len(names), SMALL_VOCAB))
+    first = SMALL_VOCAB - len(names) - len(TOOL_TOKENS)  # the specials, then the four tool tags last
+    assert [tok.special_ids[n] for n in names] == list(range(first, first + len(names)))
+    assert list(tok.tool_ids.values()) == list(range(SMALL_VOCAB - len(TOOL_TOKENS), SMALL_VOCAB))
     assert (tok.bos_id, tok.eos_id, tok.pad_id) == tuple(tok.special_ids[n] for n in ("bos", "eot", "pad"))
     assert tok.eot_id == tok.eos_id
     assert tok.decode([tok.user_id]) == "<|user|>"
     assert tok.decode([tok.user_id, 104, 105], skip_special_tokens=True) == "hi"
     lengths = tok.token_bytes()
-    assert lengths[tok.bos_id] == 0 and lengths[65] == 1 and lengths.sum() == sum(map(len, tok.tokens))
+    assert lengths[tok.bos_id] == 0 and lengths[65] == 1
+    assert lengths.sum() == sum(map(len, tok.tokens)) + sum(len(t) for t in TOOL_TOKENS.values())
     with pytest.raises(ValueError, match="outside the vocabulary"):
         tok.decode([SMALL_VOCAB])
 
@@ -219,7 +222,7 @@ def test_training_on_chunks_equals_training_on_whole_texts(monkeypatch):
 
 
 def test_training_errors():
-    with pytest.raises(ConfigError, match="vocab_size = 200: expected at least 263"):
+    with pytest.raises(ConfigError, match="vocab_size = 200: expected at least 267"):
         train_tokenizer(["text"], TokenizerConfig(vocab_size=200))
     with pytest.raises(DataError, match="no text"):
         train_tokenizer(["", ""], TokenizerConfig(vocab_size=300), progress=False)
@@ -260,7 +263,8 @@ def test_the_shared_interface_on_groundup_backend(tok):
 
     assert isinstance(tok, BaseTokenizer) and tok.backend == "groundup"
     assert tok.eos_id == tok.eot_id and tok.prefix_ids == [tok.eot_id]
-    assert tok.special_token_ids == frozenset(range(SMALL_VOCAB - len(SPECIAL_TOKENS), SMALL_VOCAB))
+    first = SMALL_VOCAB - len(SPECIAL_TOKENS) - len(TOOL_TOKENS)
+    assert tok.special_token_ids == frozenset(range(first, first + len(SPECIAL_TOKENS)))
     assert tok.is_special(tok.user_id) and not tok.is_special(65)
     assert tok.stop_ids == {tok.eot_id, tok.end_of_turn_id}
     assert tok.id_to_bytes(tok.user_id) == b"<|user|>" and tok.id_to_bytes(65) == b"A"

@@ -199,6 +199,7 @@ class Task:
     # task built otherwise: mmlu over its subjects, custom tasks); eval/lm_eval_export.py writes them out
     docs: Callable[[], list[dict]] | None = field(default=None, repr=False)
     fewshot_docs: Callable[[], list[dict]] | None = field(default=None, repr=False)
+    tools: str | None = None  # a generative task the model answers with tools (calculator,python,...); None: none
 
     def items(self, limit: int | None = None, num_fewshot: int | None = None, seed: int = 1234) -> list[Item]:
         """The first `limit` items (all when None) with `num_fewshot` examples (the task's default

@@ -12,10 +12,11 @@
     task.skipped                                # ["items.jsonl:7: missing field 'country' (context)", ...]
 
 Generative tasks give `target` (a field name, or a format string when it contains "{") and `stop`
-(lm-eval's `until`, default ["\\n\\n"]). Optional for both: `metric` (a name or a list),
-`num_fewshot` (default 0), `target_delimiter` (" "), `fewshot_delimiter` ("\\n\\n"), `description`
-(text before everything), `fewshot_data` (another JSONL file for the examples; by default they come
-from the same file, never the item itself, drawn by lm-eval's seeded sampler), `random_baseline`
+(lm-eval's `until`, default ["\\n\\n"]), and may give `tools` ("calculator,python" or a list: the model
+answers each prompt, sent as a user message, through the tool loop; eval/generation.py). Optional for
+both: `metric` (a name or a list), `num_fewshot` (default 0), `target_delimiter` (" "), `fewshot_delimiter`
+("\\n\\n"), `description` (text before everything), `fewshot_data` (another JSONL file for the examples; by
+default they come from the same file, never the item itself, drawn by lm-eval's seeded sampler), `random_baseline`
 (default: the mean of 1/choices) and `strict`. A record that is not a JSON object, lacks a field a
 key needs, or has an unusable choice list or gold is skipped and listed in `task.skipped` as
 "file:line: reason (key)"; with `strict = true` the first such record raises DataError instead, and
@@ -53,6 +54,7 @@ KEYS: dict[str, tuple[tuple[type, ...], str]] = {
     "fewshot_data": ((str,), "a JSONL path relative to the TOML file, inside its folder"),
     "random_baseline": ((int, float), "a number between 0 and 1"),
     "strict": ((bool,), "true or false"),
+    "tools": ((str, list), "tools a generate task's model may call: calculator, python, module:function"),
 }
 
 
@@ -108,7 +110,9 @@ def _read_config(path: Path) -> dict:
         raise ConfigError(message, key="name")
     if cfg.get("num_fewshot", 0) < 0:
         raise ConfigError(f"{path}: num_fewshot = {cfg['num_fewshot']}: expected an integer >= 0", key="num_fewshot")
-    for key in ("choices", "stop", "metric"):
+    if "tools" in cfg and kind != "generate":
+        raise ConfigError(f"{path}: tools: only a generate task's model calls tools", key="tools")
+    for key in ("choices", "stop", "metric", "tools"):
         value = cfg.get(key)
         if isinstance(value, list) and not (value and all(isinstance(v, str) for v in value)):
             raise ConfigError(f"{path}: {key} = {value!r}: expected a non-empty list of strings", key=key)
@@ -230,5 +234,10 @@ def load_custom_task(path: str | Path) -> Task:
         item=mc_item if mc else gen_item, exclude_self=pool is docs,
         kind=cfg["kind"], metrics=[metric] if isinstance(metric, str) else list(metric),
         random_baseline=float(baseline), num_fewshot=cfg.get("num_fewshot", 0), split=data.name, source=str(data),
-        skipped=skipped,
+        skipped=skipped, tools=_tools(cfg.get("tools")),
     )  # fmt: skip
+
+
+def _tools(value: str | list | None) -> str | None:
+    """The `tools` key as one spec string (resolve_tools reads it when the task runs)."""
+    return ",".join(value) if isinstance(value, list) else value

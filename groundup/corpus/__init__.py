@@ -12,6 +12,9 @@ chat data made from it. This file holds `iter_corpus` (every domain as records) 
     math_problems.py   math: seeded arithmetic and word problems with worked solutions, checkable integer
                        answers and `extract_answer`
     chat.py            conversations made from the three domains for SFT, with a hashed held-out split
+    tool_chats.py      tool-use conversations (OpenAI's tools and tool_calls): arithmetic through the calculator
+                       or python, code tasks written, run, fixed and finished through python, results true
+    code_tasks.py      small function tasks from parametrised kinds: reference, realistic bugs, tests
     web_pages.py       web pages around the three domains (boilerplate, charsets, languages) with their true text
     crawl.py           WARC, WET and ARC files of such pages, and damaged ones (for tests, benchmarks, samples)
     commands.py        `groundup data sample`: the corpus (or its chats, or a sample crawl) as files

@@ -3,6 +3,9 @@
     groundup data sample --out raw/                       # shakespeare.jsonl, python-stdlib.jsonl, math-synthetic.jsonl
     groundup data sample --chat --out chat/ --domains math code text
         # chat-math.jsonl + chat-math.heldout.jsonl, ... in TRL's conversational format (`messages`)
+    groundup data sample --chat --tools --out tools/ --domains math code [--math-max-operand 12]
+        # chat-tools-math.jsonl, chat-tools-code.jsonl (+ .heldout): OpenAI's `tools` and `tool_calls`, the
+        # results true (code runs in the sandbox); the code held-out file is the pass@1 set (corpus/tool_chats.py)
     groundup data sample --crawl --out crawl/ [--pages 2000] [--hostile]
         # crawl-00000.warc.gz, ...: web pages around the embedded corpus (navigation, ads, cookie banners,
         # comments, several charsets and languages), as Common Crawl writes WARCs (needs groundup[web]);
@@ -39,6 +42,9 @@ def sample_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --crawl: also write damaged crawl files (hostile-<kind>.warc.gz), each counted, never fatal")
     p.add_argument("--chat", action="store_true", help="conversations for fine-tuning instead (math, code, text), "
                    "each source split into <source>.jsonl and <source>.heldout.jsonl")
+    p.add_argument("--tools", action="store_true", help="with --chat: tool-use conversations (OpenAI's tools and "
+                   "tool_calls): math through the calculator or python, code tasks written and tested through python "
+                   "with real results (of --domains, math and code; --limit code tasks, default 2000)")
 
 
 def sample(args: argparse.Namespace) -> None:
@@ -49,10 +55,19 @@ def sample(args: argparse.Namespace) -> None:
                                ("--math-max-operand", args.math_max_operand, 0)):
         if value is not None and value < least:
             raise ConfigError(f"{flag} {value}: expected an integer >= {least}", key=flag)
+    if args.tools and not args.chat:
+        raise ConfigError("--tools goes with --chat (tool-use conversations)", key="--tools")
     out = claim_output_dir(args.out, "data sample", mark=True)
     if args.crawl:
         return _sample_crawl(args, out)
-    if args.chat:
+    if args.chat and args.tools:
+        from groundup.corpus.tool_chats import iter_tool_chats
+
+        sources = {"code": "chat-tools-code", "math": "chat-tools-math"}
+        records = iter_tool_chats(args.domains, math_count=args.math_count, seed=args.seed,
+                                  max_operand=args.math_max_operand,
+                                  **({"code_count": args.limit} if args.limit else {}))
+    elif args.chat:
         from groundup.corpus.chat import iter_chat
 
         sources = {"text": "chat-text", "code": "chat-code", "math": "chat-math"}
@@ -77,7 +92,9 @@ def sample(args: argparse.Namespace) -> None:
                 files[source] = stack.enter_context(atomic_open(out / f"{source}.jsonl", "w", encoding="utf-8"))
             files[source].write(json.dumps(record, ensure_ascii=False) + "\n")
             counts[source] = counts.get(source, 0) + 1
-            text = record["text"] if "text" in record else "".join(m["content"] for m in record["messages"])
+            text = record["text"] if "text" in record else "".join(
+                (m["content"] or "") + "".join(c["function"]["arguments"] for c in m.get("tool_calls") or [])
+                for m in record["messages"])  # a tool call's text is its arguments
             sizes[source] = sizes.get(source, 0) + len(text.encode("utf-8"))
     for source in counts:
         print(f"{out / (source + '.jsonl')}: {counts[source]:,} records, {sizes[source] / 1e6:.1f} MB of text")

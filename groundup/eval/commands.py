@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from groundup.arguments import add_loading_arguments, add_model_argument, add_progress_argument
+from groundup.arguments import add_loading_arguments, add_model_argument, add_progress_argument, add_tool_arguments
 from groundup.errors import ConfigError, DataError
 
 
@@ -66,6 +66,7 @@ def evaluate_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=1234, help="sampling seed; --compare: the bootstrap's (default: 1234)")
     g.add_argument("--sandbox-timeout", type=float, default=10.0, help="seconds per program (default: 10)")
     g.add_argument("--workers", type=int, default=None, help="sandbox processes (default: one per CPU)")
+    add_tool_arguments(g)
     p.add_argument("--bootstrap-iters", type=int, default=100_000,
                    help="resamples for bootstrapped standard errors, as lm-eval (default: 100000; 0: none)")
     r = p.add_argument_group("reproducing and comparing (no model needed)")
@@ -172,7 +173,7 @@ def evaluate(args: argparse.Namespace) -> int:
                             gen_batch_size=args.gen_batch_size, bootstrap_iters=args.bootstrap_iters,
                             samples=args.samples, ks=args.k, temperature=args.temperature,
                             max_gen_tokens=args.max_gen_tokens, seed=args.seed, sandbox_timeout=args.sandbox_timeout,
-                            workers=args.workers)
+                            workers=args.workers, tools=args.tools, max_tool_calls=args.max_tool_calls)
     settings.validate()
     if args.limit is not None and args.limit < 0:
         raise ConfigError(f"--limit {args.limit}: expected an integer >= 0", key="limit")
@@ -184,6 +185,7 @@ def evaluate(args: argparse.Namespace) -> int:
     if args.out is not None:
         claim_output_dir(args.out, "eval", overwrite=args.overwrite, sources=[args.model])
     tasks = _resolve(args.tasks)
+    _check_tools(args.tools, tasks)
     if args.export_lm_eval is not None:
         from groundup.eval.lm_eval_export import export_lm_eval, summary
 
@@ -194,6 +196,9 @@ def evaluate(args: argparse.Namespace) -> int:
             return 0
     started = time.perf_counter()
     model, tok = _load(args)
+    if any(args.tools or t.tools for t in tasks if t.kind == "generate") and tok.chat_template is None:
+        raise ConfigError(f"tools: {args.model}'s tokenizer has no chat format (no chat_template), so it cannot "
+                          "write tool calls or read their results; evaluate a chat model", key="tools")
     results: dict = {"version": 1, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                      "command": ["groundup", "eval", *sys.argv[2:]] if sys.argv[1:2] == ["eval"] else None,
                      "model": model_info(args.model, model, tok, args.device, args.dtype)}
@@ -225,6 +230,16 @@ def evaluate(args: argparse.Namespace) -> int:
         raise DataError(f"task {r['name']}: none of its {r['items']} items could be scored (first: "
                         f"{r['failures'][0]['reason']})")
     return 0
+
+
+def _check_tools(spec: str | None, tasks) -> None:
+    """Every tool spec (--tools, a custom task's `tools`) resolved before the model loads: a bad one fails now."""
+    from groundup.tools import resolve_tools
+
+    for given in {spec, *(t.tools for t in tasks if t.kind == "generate")} - {None}:
+        resolve_tools(given)
+    if spec is not None and not any(t.kind == "generate" for t in tasks):
+        print("note: --tools applies to generative tasks only; none of these --tasks generates", file=sys.stderr)
 
 
 def _check_export(args) -> None:

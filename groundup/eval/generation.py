@@ -19,6 +19,11 @@ Scoring:
   pass, pass@k is the unbiased estimator (`metrics.pass_at_k`), averaged over items.
 - Custom generative tasks: exact match of the stripped output and target.
 
+With tools (`eval --tools calculator`, or a custom task's `tools` key), `ToolCompleter` sends each prompt as
+a user message through the tool loop (infer/tool_loop.py) and the reply scored is the final answer, after
+the calls; the result's `tools` says which tools ran and `replies_with_call` (the share of replies that
+called a tool at least once) and `calls_ok` (the share of calls that parsed and ran without error).
+
 The completer is any callable (tests pass a stub whose outputs they choose).
 """
 
@@ -31,6 +36,7 @@ from groundup.benchmarks import exact_match, extract_flexible, extract_strict
 from groundup.errors import GroundupError
 from groundup.eval.metrics import mean_stderr, pass_at_k
 from groundup.eval.scoring import prefix_ids
+from groundup.infer.tool_loop import generate_with_tools
 from groundup.sandbox.runner import default_python, run_many
 
 
@@ -39,6 +45,8 @@ class Generated:
     text: str
     truncated: int = 0  # prompt tokens dropped from the start
     error: str | None = None
+    tool_calls: int | None = None  # with tools: calls the reply made (None: generated without tools)
+    tool_errors: int = 0  # of those, calls that did not parse or run
 
 
 class Completer(Protocol):
@@ -72,6 +80,49 @@ class EngineCompleter:
             if self.progress is not None:
                 self.progress(len(batch))
         return out
+
+
+class ToolCompleter:
+    """Completions through the tool loop: each prompt a user message, the final answer its text."""
+
+    def __init__(self, generator, runner, max_tool_calls: int = 4, batch_size: int = 8,
+                 progress: Callable[[int], None] | None = None):
+        self.gen, self.runner, self.max_tool_calls = generator, runner, max_tool_calls
+        self.batch_size, self.progress = batch_size, progress
+        self.tools = [s["function"]["name"] for s in runner.schemas()]
+
+    def __call__(self, prompts, *, stop, max_new_tokens, temperature, seed) -> list[Generated]:
+        max_new_tokens = max(1, min(max_new_tokens, self.gen.cfg.max_seq_len - 1))
+        out: list[Generated] = []
+        for first in range(0, len(prompts), self.batch_size):
+            batch = prompts[first: first + self.batch_size]
+            calls, failed = [0] * len(batch), [0] * len(batch)  # per row: every call the loop took up, and failures
+
+            def count(row: int, kind: str, payload) -> None:
+                calls[row] += kind == "call"
+                failed[row] += kind == "result" and not payload.ok
+
+            try:
+                done = generate_with_tools(self.gen, [[{"role": "user", "content": p}] for p in batch], self.runner,
+                                           max_tool_calls=self.max_tool_calls, seed=seed + first, on_event=count,
+                                           max_new_tokens=max_new_tokens, temperature=temperature, stop=list(stop))
+                out += [Generated(r.text, tool_calls=n, tool_errors=e) for r, n, e in zip(done, calls, failed)]
+            except (GroundupError, ValueError, RuntimeError) as e:  # counted per item, never dropped
+                out += [Generated("", error=f"generation failed: {e}") for _ in batch]
+            if self.progress is not None:
+                self.progress(len(batch))
+        return out
+
+
+def tool_use(completer, outputs: Sequence[Generated]) -> dict | None:
+    """The tools a run called and how: None when it ran without tools."""
+    made = [o for o in outputs if o.tool_calls is not None and o.error is None]
+    if not made and not hasattr(completer, "tools"):
+        return None
+    calls, errors = sum(o.tool_calls for o in made), sum(o.tool_errors for o in made)
+    return {"tools": list(getattr(completer, "tools", [])),
+            "max_tool_calls": getattr(completer, "max_tool_calls", None), "replies": len(made), "replies_with_call": sum(o.tool_calls > 0 for o in made) / len(made) if made else 0.0,
+            "calls": calls, "failed_calls": errors, "calls_ok": (calls - errors) / calls if calls else None}
 
 
 def _is_gsm8k(task) -> bool:
@@ -116,6 +167,8 @@ def run_generative(task, items: Sequence, completer: Completer, *, samples: int 
         # the tests the program must pass (lm-eval's doc_to_target for HumanEval and MBPP)
         records.append({"id": item.id, "target": item.target if item.tests is None else item.tests,
                         "outputs": [o.text for o in outs], "truncated": max(o.truncated for o in outs), "error": error})
+        if outs[0].tool_calls is not None:
+            records[-1].update(tool_calls=[o.tool_calls for o in outs], tool_errors=[o.tool_errors for o in outs])
         if error:
             failed.append({"id": item.id, "reason": error})
     ok = [r for r in records if r["error"] is None]
@@ -127,7 +180,7 @@ def run_generative(task, items: Sequence, completer: Completer, *, samples: int 
     else:
         metrics = _score_exact(ok_items, ok)
     return {"metrics": metrics, "records": records, "failed": failed,
-            "truncated": sum(1 for r in records if r["truncated"]),
+            "truncated": sum(1 for r in records if r["truncated"]), "tools": tool_use(completer, outputs),
             "settings": {"samples": samples, "temperature": temperature, "max_new_tokens": max_new,
                          "ks": [k for k in ks if k <= samples]}}
 

@@ -13,7 +13,9 @@ The promise, per kind of task (task definitions: groundup/benchmarks):
   lm-eval's `mean_stderr`.
 - loglikelihood (LAMBADA): acc = every target token greedy (lm-eval's is_greedy); perplexity =
   exp(-mean log-likelihood) with lm-eval's bootstrap standard error.
-- generate: eval/generation.py (GSM8K exact match per filter, HumanEval/MBPP pass@k, custom exact match).
+- generate: eval/generation.py (GSM8K exact match per filter, HumanEval/MBPP pass@k, custom exact match);
+  with tools (`EvalSettings.tools`, or a custom task's `tools`), through the tool loop, the final answer
+  scored, and the result's `tools` holding the share of replies that called a tool and of calls that ran.
 The aggregate is nanochat's CORE centring, (acc - random_baseline) / (1 - random_baseline) averaged
 over the multiple-choice tasks run, using acc_norm where lm-eval reports it and acc otherwise.
 
@@ -32,11 +34,12 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from groundup.errors import ConfigError
-from groundup.eval.generation import EngineCompleter, run_generative
+from groundup.eval.generation import EngineCompleter, ToolCompleter, run_generative
 from groundup.eval.metrics import (bootstrap_stderr, centered, choice_metrics, core_metric, mean_stderr, perplexity,
                                    perplexity_of)
 from groundup.eval.scoring import encode_requests, score_requests
 from groundup.infer.engine import Generator
+from groundup.tools import ToolRunner, resolve_tools
 
 MC_METRICS = ("acc", "acc_norm", "acc_bytes")
 GEN_METRICS = ("exact_match", "pass@1", "pass_at_1")
@@ -58,8 +61,12 @@ class EvalSettings:
     seed: int = 1234  # sampling seed
     sandbox_timeout: float = 10.0  # seconds per program
     workers: int | None = None  # sandbox processes (default: one per CPU)
+    tools: str | None = None  # tools generative tasks call (calculator,python,module:function); None: a task's own
+    max_tool_calls: int = 4  # with tools: calls per reply before the model must answer
 
     def validate(self) -> None:
+        if self.max_tool_calls < 1:
+            raise ConfigError(f"max_tool_calls = {self.max_tool_calls}: expected at least 1", key="max_tool_calls")
         for key in ("batch_size", "gen_batch_size", "samples"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"{key} = {getattr(self, key)}: expected at least 1", key=key)
@@ -160,13 +167,18 @@ def _loglikelihood_task(model, tokenizer, task, items, settings: EvalSettings, p
 
 def _generate_task(model, tokenizer, task, items, settings: EvalSettings, progress: bool, completer):
     n = len(items) * settings.samples
+    tools = settings.tools or task.tools
     with _bar(progress, n, task.name) as bar:
-        if completer is None:
+        if completer is None and tools:
+            completer = ToolCompleter(Generator(model, tokenizer), ToolRunner(resolve_tools(tools)),
+                                      settings.max_tool_calls, settings.gen_batch_size, progress=bar.update)
+        elif completer is None:
             completer = EngineCompleter(Generator(model, tokenizer), settings.gen_batch_size, progress=bar.update)
         out = run_generative(task, items, completer, samples=settings.samples, ks=settings.ks,
                              temperature=settings.temperature, max_new_tokens=settings.max_gen_tokens,
                              seed=settings.seed, sandbox_timeout=settings.sandbox_timeout, workers=settings.workers)
-    return out["metrics"], out["records"], out["failed"], out["truncated"], out["settings"]
+    extra = out["settings"] if out["tools"] is None else {**out["settings"], "tools": out["tools"]}
+    return out["metrics"], out["records"], out["failed"], out["truncated"], extra
 
 
 def evaluate_task(model, tokenizer, task, settings: EvalSettings, progress: bool = True, completer=None) -> dict:
@@ -183,6 +195,7 @@ def evaluate_task(model, tokenizer, task, settings: EvalSettings, progress: bool
     seconds = time.perf_counter() - start
     shots = task.num_fewshot if settings.num_fewshot is None else settings.num_fewshot
     context = model.cfg.max_seq_len
+    tools = extra.pop("tools", None)  # a run with tools: which, and the shares of replies and calls that used them
     return {
         "name": task.name, "kind": task.kind, "metrics": metrics, "lm_eval_metrics": list(task.metrics),
         "items": len(items), "scored": len(items) - len(failed), "failed": len(failed),
@@ -192,7 +205,7 @@ def evaluate_task(model, tokenizer, task, settings: EvalSettings, progress: bool
         "data_hash": task.data_hash, "notes": task.notes, "skipped_records": list(task.skipped),
         "settings": {"limit": settings.limit, "num_fewshot": shots, "fewshot_seed": settings.fewshot_seed, **extra},
         "seconds": round(seconds, 3), "items_per_s": round(len(items) / seconds, 2) if seconds > 0 else None,
-        "records": records,
+        **({"tools": tools} if tools is not None else {}), "records": records,
     }
 
 

@@ -16,11 +16,13 @@
     structured.py      structured output: JSON schema, JSON object, regex, choice or grammar, masked by llguidance
     json_budget.py     JSON that closes before max_tokens: near the budget, a plan to close is followed when needed
     text_stream.py     TextStream: token ids to text as it becomes final (incremental UTF-8, stop strings)
+    tool_loop.py       generate_with_tools: replies whose tool calls run, results appended, generation goes on
     chat.py            ChatSession (history trimmed to fit the context) and the terminal loop of `groundup chat`
     commands.py        `groundup generate` (with best-of-n by reward) and `groundup chat`
 """
 
 from groundup.infer.engine import Completion, Generator
 from groundup.infer.sampling import SamplingConfig
+from groundup.infer.tool_loop import ToolRollout, generate_with_tools
 
-__all__ = ["Completion", "Generator", "SamplingConfig"]
+__all__ = ["Completion", "Generator", "SamplingConfig", "ToolRollout", "generate_with_tools"]

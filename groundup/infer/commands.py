@@ -1,4 +1,9 @@
-"""`groundup generate` and `groundup chat`: the generation engine behind two commands."""
+"""`groundup generate` and `groundup chat`: the generation engine behind two commands.
+
+With `--tools calculator,python,module:function` both run the tool loop (tool_loop.py): `generate` sends each
+prompt as a user message and prints the calls, results and final answer; `chat` shows each call and result as
+it happens. Tools need a model with a chat format.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +13,8 @@ import sys
 import time
 from pathlib import Path
 
-from groundup.arguments import add_loading_arguments, add_model_argument
-from groundup.errors import DataError
+from groundup.arguments import add_loading_arguments, add_model_argument, add_tool_arguments
+from groundup.errors import ConfigError, DataError
 from groundup.io import read_text
 
 
@@ -77,6 +82,22 @@ def _structured(args: argparse.Namespace):
     return spec
 
 
+def _tool_runner(args: argparse.Namespace):
+    """--tools resolved (a bad spec fails before the model loads), or None."""
+    from groundup.tools import ToolRunner, resolve_tools
+
+    if args.max_tool_calls < 1:
+        raise ConfigError(f"--max-tool-calls {args.max_tool_calls}: expected at least 1", key="max_tool_calls")
+    return None if args.tools is None else ToolRunner(resolve_tools(args.tools))
+
+
+def _require_chat(gen, model) -> None:
+    """A model calls tools in its chat format: one without is refused, naming why."""
+    if gen.tokenizer.chat_template is None:
+        raise ConfigError(f"--tools: {model}'s tokenizer has no chat format (no chat_template), so it cannot "
+                          "write tool calls or read their results; use a chat model", key="tools")
+
+
 def _generator(args: argparse.Namespace):
     import torch
 
@@ -117,6 +138,7 @@ def generate_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--regex", default=None, help="every completion matches this regular expression")
     s.add_argument("--choice", action="append", default=None, help="the completion is one of these (repeatable)")
     s.add_argument("--grammar", type=Path, default=None, metavar="FILE", help="a Lark or GBNF grammar file")
+    add_tool_arguments(p.add_argument_group("tools (each prompt is a user message of a chat)"))
 
 
 def _read_prompts(args: argparse.Namespace) -> list[str]:
@@ -139,6 +161,9 @@ def generate(args: argparse.Namespace) -> int:
         raise DataError(f"--batch-size {args.batch_size}: expected a positive integer")
     prompts = _read_prompts(args)
     sampling = _sampling(args)
+    runner = _tool_runner(args)
+    if runner is not None:
+        return _generate_with_tools(args, prompts, sampling, runner)
     if args.best_of is not None:
         return _best_of(args, prompts, sampling)
     gen = _generator(args)
@@ -164,6 +189,46 @@ def generate(args: argparse.Namespace) -> int:
     seconds = time.perf_counter() - start
     tokens = "" if n_tokens is None else f", {n_tokens} tokens ({n_tokens / seconds:.0f}/s)"
     print(f"{len(prompts)} completion{'s' if len(prompts) > 1 else ''}{tokens} in {seconds:.1f}s", file=sys.stderr)
+    return 0
+
+
+def _generate_with_tools(args: argparse.Namespace, prompts: list[str], sampling, runner) -> int:
+    """Each prompt a user message; its calls, results and final answer printed (one prompt: as they happen)."""
+    from groundup.infer.chat import EventPrinter
+    from groundup.infer.tool_loop import generate_with_tools
+
+    if args.best_of is not None or sampling.structured is not None:
+        flag = "--best-of" if args.best_of is not None else "a structured output flag"
+        raise ConfigError(f"--tools does not go with {flag}: the tool loop writes calls and text", key="tools")
+    gen = _generator(args)
+    _require_chat(gen, args.model)
+    start, calls, errors = time.perf_counter(), 0, 0
+    live = len(prompts) == 1 and not args.json
+    for first in range(0, len(prompts), args.batch_size):
+        batch = prompts[first : first + args.batch_size]
+        shown: list[list[str]] = [[] for _ in batch]  # per row, the transcript as the live view writes it
+        printers = [EventPrinter(rows.append) for rows in shown]
+        if live:
+            print(f"user> {batch[0]}\nassistant> ", end="", flush=True)
+            printers = [EventPrinter(lambda text: (sys.stdout.write(text), sys.stdout.flush()))]
+        rollouts = generate_with_tools(gen, [[{"role": "user", "content": p}] for p in batch], runner,
+                                       max_tool_calls=args.max_tool_calls, seed=sampling.seed + first,
+                                       on_event=lambda row, kind, payload: printers[row](row, kind, payload),
+                                       sampling=sampling)
+        for i, (prompt, r) in enumerate(zip(batch, rollouts), start=first):
+            calls, errors = calls + r.tool_calls, errors + r.tool_errors
+            if args.json:
+                print(json.dumps({"index": i, "prompt": prompt, "completion": r.text, "messages": r.messages,
+                                  "tool_calls": r.tool_calls, "tool_errors": r.tool_errors,
+                                  "finish_reason": r.finish_reason}, ensure_ascii=False), flush=True)
+            elif live:
+                print(flush=True)
+            else:
+                print(f"{'' if i == 0 else chr(10)}--- {i}\nuser> {prompt}\nassistant> {''.join(shown[i - first])}",
+                      flush=True)
+    seconds = time.perf_counter() - start
+    print(f"{len(prompts)} repl{'ies' if len(prompts) > 1 else 'y'}, {calls} tool call{'s' if calls != 1 else ''} "
+          f"({errors} failed) in {seconds:.1f}s", file=sys.stderr)
     return 0
 
 
@@ -197,12 +262,17 @@ def chat_arguments(p: argparse.ArgumentParser) -> None:
     _model_arguments(p)
     p.add_argument("--system", default=None, help="a system message that starts every conversation")
     _sampling_arguments(p, max_new_tokens=256)
+    add_tool_arguments(p.add_argument_group("tools"))
 
 
 def chat(args: argparse.Namespace) -> int:
     from groundup.infer.chat import ChatSession, run_chat
 
     sampling = _sampling(args)
-    session = ChatSession(_generator(args), sampling, system=args.system)
+    runner = _tool_runner(args)
+    gen = _generator(args)
+    if runner is not None:
+        _require_chat(gen, args.model)
+    session = ChatSession(gen, sampling, system=args.system, runner=runner, max_tool_calls=args.max_tool_calls)
     run_chat(session, sys.stdin, sys.stdout)
     return 0

@@ -102,17 +102,21 @@ class Generator:
         rows = self.encode_prompts(prompts, cfg)
         return self.complete_ids(rows, cfg)
 
-    def complete_ids(self, rows: Sequence[Sequence[int]], sampling: SamplingConfig | None = None,
-                     **options) -> list[Completion]:
-        """`complete` for prompts given as token ids (used as they are: no prefix is added)."""
+    def complete_ids(self, rows: Sequence[Sequence[int]], sampling: SamplingConfig | None = None, *,
+                     seeds: Sequence[int] | None = None, **options) -> list[Completion]:
+        """`complete` for prompts given as token ids (used as they are: no prefix is added). `seeds`: one per
+        row, in place of `seed + i` (the tool loop keeps each conversation's seeds its own, whichever rows
+        are still running)."""
         cfg = SamplingConfig.make(sampling, **options)
+        if seeds is not None and len(seeds) != len(rows):
+            raise ValueError(f"complete_ids: {len(seeds)} seeds for {len(rows)} rows")
         rows = [self.fit(list(r), cfg, i) for i, r in enumerate(rows)]
         out = [Completion("", [], "length", len(r)) for r in rows]
         if cfg.logprobs:
             for c in out:
                 c.logprobs, c.entropies = [], []
                 c.top_logprobs = [] if cfg.top_logprobs else None
-        for events in self._run(rows, cfg):
+        for events in self._run(rows, cfg, seeds=seeds):
             for b, e in events:
                 c = out[b]
                 c.text += e.text
@@ -195,7 +199,8 @@ class Generator:
                 yield piece
 
     def _run(self, rows: list[list[int]], cfg: SamplingConfig,
-             stop_ids: frozenset[int] | None = None) -> Iterator[list[tuple[int, TokenEvent]]]:
+             stop_ids: frozenset[int] | None = None,
+             seeds: Sequence[int] | None = None) -> Iterator[list[tuple[int, TokenEvent]]]:
         """Per engine step, (row, event) of every row that moved; equal prompts are one request. The
         model runs in eval mode; the caller's mode is restored."""
         core = self.core
@@ -215,7 +220,7 @@ class Generator:
             self._weights = weights
         where: dict[tuple[int, int], int] = {}
         for ids, members in groups.items():
-            request = Request(list(ids), cfg, seeds=[cfg.seed + b for b in members],
+            request = Request(list(ids), cfg, seeds=[cfg.seed + b if seeds is None else seeds[b] for b in members],
                               stop_ids=frozenset(self.stop_ids) if stop_ids is None else stop_ids)
             for i, b in enumerate(members):
                 where[(request.id, i)] = b

@@ -3,7 +3,9 @@
 groundup's own: `tokenizer.json` is the tokenizer itself (see groundup.tokenizer.hf_format; its
 post-processor puts <|end_of_text|> before a text, as groundup does); `tokenizer_config.json` and
 `special_tokens_map.json` name the special tokens and carry the chat template, which is what
-`AutoTokenizer` (transformers 4.x and 5.x) and `apply_chat_template` read. They carry no
+`AutoTokenizer` (transformers 4.x and 5.x) and `apply_chat_template` read; the tool tags
+(<tool_call>, ...) are added tokens that are not special, as Qwen2.5's are, so transformers matches
+them whole in rendered text and shows them when decoding with skip_special_tokens. They carry no
 add_bos_token/add_eos_token: transformers would then rebuild the post-processor from those flags
 and drop the end-of-text prefix. `groundup_tokenizer.json` rides along, so `groundup import hf`
 restores the tokenizer exactly.
@@ -34,6 +36,8 @@ def write_tokenizer_files(tok: BaseTokenizer, out_dir: Path, model_max_length: i
     added = {str(tok.special_ids[role]): {"content": name, "lstrip": False, "normalized": False, "rstrip": False,
                                           "single_word": False, "special": True}
              for role, name in names.items()}
+    added.update({str(i): {"content": name, "lstrip": False, "normalized": False, "rstrip": False,
+                           "single_word": False, "special": False} for name, i in tok.tool_ids.items()})
     atomic_write_json(out_dir / HF_TOKENIZER_CONFIG_FILE, {
         "tokenizer_class": "PreTrainedTokenizerFast", **named, "additional_special_tokens": extra,
         "added_tokens_decoder": added, "chat_template": tok.chat_template, "model_max_length": model_max_length,

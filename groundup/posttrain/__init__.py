@@ -12,6 +12,7 @@ and preference pairs sampled from a model. Nothing is imported here, so importin
     align.py           dpo() and kto(): preference optimisation with the reference log-likelihoods cached in the run
     reward_model.py    rm(): a reward model (value head) trained on pairs with the Bradley-Terry loss
     rollout.py         GRPO's data: read_prompts, and RolloutLoader sampling scored groups of completions, advantages
+    tool_rollout.py    multi-turn rollouts with tools: only sampled ids trained, the malformed-ending penalty
     grpo.py            grpo(): the GRPO token loss (clipping, KL, TRL's aggregations) and its objective
     sampled_data.py    preference pairs and best completions from a model's own samples, ranked by rewards
     sampling_job.py    SamplingJob: sampled records written a chunk at a time, resumable, never losing finished work
@@ -22,6 +23,7 @@ and preference pairs sampled from a model. Nothing is imported here, so importin
     pair_formats.py    pairs written as DPO pairs or TRL's unpaired KTO records (`--format`)
     prm.py             process_rm(): `reward-model --process`, a value head at every step end, BCE at step ends
     prm_labels.py      Math-Shepherd step labels: continuations sampled from each step, resumable
-    data_commands.py   `groundup data pairs`
+    trajectories.py    agent logs (OpenAI messages, tools) checked call by call and split to the context, for SFT
+    data_commands.py   `groundup data pairs` and `groundup data trajectories`
     commands.py        `groundup sft`, `dpo`, `kto`, `reward-model`, `grpo`, `rft` and `merge-lora`
 """

@@ -124,9 +124,9 @@ def reward_model(args: argparse.Namespace) -> int:
 
 
 def grpo_arguments(p: argparse.ArgumentParser) -> None:
-    _prompt_arguments(p, "a shipped reward (exact_match, exact_match_lenient, format_answer, code), rm:PATH (a "
-                         "reward model), prm:PATH (a process reward model: the lowest step score) or module:function, "
-                         "optionally =weight; repeat to combine")
+    _prompt_arguments(p, "a shipped reward (exact_match, exact_match_lenient, format_answer, code, tests_passed), "
+                         "rm:PATH (a reward model), prm:PATH (a process reward model: the lowest step score) or "
+                         "module:function, optionally =weight; repeat to combine")
     _run_arguments(p, "GRPOConfig", "grpo.beta=0.04")
 
 

@@ -18,6 +18,7 @@ from typing import ClassVar, Literal
 
 from groundup.config import fail
 from groundup.model.lora import LoraConfig
+from groundup.tools import resolve_tools
 from groundup.train.config import (INCOMPATIBLE, CheckpointConfig, DistributedConfig, EvalConfig, LogConfig,
                                    LoopConfig, OptimConfig, PrecisionConfig, ScheduleConfig, StabilityConfig,
                                    StepsConfig)
@@ -112,8 +113,8 @@ class PostTrainConfig:
         return data
 
     def validate(self) -> None:
-        if self.lora.enabled and self.distributed.strategy == "fsdp":
-            fail("distributed.strategy", "fsdp", "'ddp' with LoRA (the adapters are small; the base stays whole)")
+        if self.lora.enabled and self.distributed.strategy != "ddp":
+            fail("distributed.strategy", self.distributed.strategy, "'ddp' with LoRA (the adapters are small; the base stays whole)")
 
 
 @dataclass
@@ -240,10 +241,19 @@ class GRPOSection:
     # (TRL's mask_truncated_completions, DAPO's overlong filtering): what a reply says after its answer while
     # never ending its turn is not reinforced
     mask_truncated: bool = False
+    # a chat reply that ends with the document-end token instead of the end of turn is malformed (the format
+    # drift of GRPO on chat prompts): it scores this much below the lowest reward of its group, so it is
+    # pushed down, its end token included; 0 = scored like any other reply
+    malformed_penalty: float = 1.0
+    tools: str = ""  # tools the policy may call while it replies (e.g. "calculator,python"; chat prompts); "" = none
+    max_tool_calls: int = 4  # tool calls in one reply, at most (with tools)
     eval_count: int = 64  # held-out prompts answered greedily at each evaluation
     seed: int = 0  # of the prompt order and the sampling
 
     def validate(self) -> None:
+        if not (self.malformed_penalty >= 0 and math.isfinite(self.malformed_penalty)):
+            fail("malformed_penalty", self.malformed_penalty, "a number >= 0 (0 = no penalty)")
+        check_tools_spec(self.tools, self.max_tool_calls)
         for key in ("group_size", "prompts_per_batch", "iterations", "max_new_tokens", "max_resample"):
             if getattr(self, key) < 1:
                 fail(key, getattr(self, key), "a positive integer")
@@ -259,6 +269,14 @@ class GRPOSection:
             fail("top_p", self.top_p, "a probability in (0, 1] (1 = off)")
         if self.reward_patience < 0:
             fail("reward_patience", self.reward_patience, "an integer >= 0 (0 = never stop)")
+
+
+def check_tools_spec(tools: str, max_tool_calls: int) -> None:
+    """GRPO's and RFT's tools: a spec resolve_tools reads (each name resolved now: a typo fails before the
+    model loads), and a positive call budget."""
+    if max_tool_calls < 1:
+        fail("max_tool_calls", max_tool_calls, "a positive integer")
+    resolve_tools(tools)  # a ConfigError on `tools` naming what is wrong (an unknown name: did you mean)
 
 
 def _rl_schedule() -> ScheduleConfig:
@@ -277,8 +295,8 @@ class GRPOConfig(PostTrainConfig):
 
     def validate(self) -> None:
         super().validate()
-        if self.distributed.strategy == "fsdp":
-            fail("distributed.strategy", "fsdp", "'ddp' for GRPO (sampling needs the whole model on each process)")
+        if self.distributed.strategy != "ddp":
+            fail("distributed.strategy", self.distributed.strategy, "'ddp' for GRPO (sampling needs the whole model on each process)")
 
 
 @dataclass
@@ -341,8 +359,11 @@ class RFTSection:
     # every call in each of them, or when every prompt's samples scored alike in each since the round
     # began; 0 = never stop
     reward_patience: int = 20
+    tools: str = ""  # tools the model may call while it replies (e.g. "calculator,python"; chat prompts); "" = none
+    max_tool_calls: int = 4  # tool calls in one reply, at most (with tools)
 
     def validate(self) -> None:
+        check_tools_spec(self.tools, self.max_tool_calls)
         for key in ("samples", "rounds", "max_new_tokens"):
             if getattr(self, key) < 1:
                 fail(key, getattr(self, key), "a positive integer")

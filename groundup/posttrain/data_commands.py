@@ -1,10 +1,14 @@
-"""`groundup data pairs`: preference pairs from a model's own samples, ranked by verifiable rewards.
+"""`groundup data pairs`: preference pairs from a model's own samples, ranked by verifiable rewards; and
+`groundup data trajectories`: agent logs made into SFT records (posttrain/trajectories.py).
 
     groundup data pairs --model runs/sft --prompts chat/chat-math.jsonl --reward exact_match --out pairs.jsonl
     groundup data pairs ... --resume          # after a crash or Ctrl-C: continue from the last finished chunk
     groundup data pairs ... --resume pairs.jsonl                     # the same, naming the file
     groundup data pairs --model runs/sft --prompts chat.jsonl --judge http://localhost:8000/v1#judge \
         --constitution principles.txt --judge-mode listwise --out pairs.jsonl   # ranked by an AI judge
+
+    groundup data trajectories logs/ sessions.jsonl --tokenizer tok/ --max-tokens 2048 --out agent-sft.jsonl
+        # agent logs (OpenAI messages, tools) checked (every call answered), long sessions split to fit; for sft
 
 The samples are ranked by verifiable rewards (--reward) or by an AI judge against a constitution (--judge:
 a groundup checkpoint, or an OpenAI-compatible endpoint with its key in the environment; posttrain/
@@ -27,8 +31,8 @@ def pairs_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompts", required=True, nargs="+", type=Path, help="JSONL/Parquet prompt records (prompt or "
                    "messages, plus the fields the rewards read, e.g. answer)")
     p.add_argument("--reward", action="append", default=None, metavar="NAME[=WEIGHT]",
-                   help="exact_match, exact_match_lenient, format_answer, code, rm:PATH or module:function "
-                        "(or --judge)")
+                   help="exact_match, exact_match_lenient, format_answer, code, tests_passed, rm:PATH or "
+                        "module:function (or --judge)")
     _judge_arguments(p)
     add_output_arguments(p, "pairs file (JSONL, TRL's format)")
     p.add_argument("--format", choices=("pairs", "kto"), default="pairs", help="pairs: prompt/chosen/rejected, for "
@@ -268,3 +272,44 @@ def pairs_settings(args: argparse.Namespace) -> dict:
             "temperature": args.temperature, "limit": args.limit,
             "seed": args.seed, "batch_size": args.batch_size,
             **({"format": args.format} if args.format != "pairs" else {})}  # absent: a record from before --format
+
+
+def trajectories_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("inputs", nargs="+", type=Path, metavar="INPUT", help="agent logs in OpenAI's messages format: "
+                   "JSONL (one conversation a line) or folders of .json files (one session each)")
+    p.add_argument("--out", required=True, type=Path, help="the SFT records to write (JSONL, for `groundup sft`)")
+    p.add_argument("--tokenizer", required=True, help="the tokenizer whose render_chat measures the sessions (the "
+                   "model's to be trained)")
+    p.add_argument("--max-tokens", type=int, default=0, metavar="N", help="split longer sessions at turn boundaries "
+                   "into pieces of at most N tokens (0 = never split)")
+    p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+
+
+def trajectories(args: argparse.Namespace) -> int:
+    import json
+
+    from groundup.errors import ConfigError, DataError
+    from groundup.io import atomic_open
+    from groundup.layout import claim_output_file
+    from groundup.posttrain.trajectories import Trajectories, iter_trajectories
+    from groundup.tokenizer import load_tokenizer
+
+    out = claim_output_file(args.out, "data trajectories", "records file (.jsonl)")
+    if args.max_tokens < 0:
+        raise ConfigError(f"--max-tokens {args.max_tokens}: expected an integer >= 0 (0 = never split)",
+                          key="max_tokens")
+    if any(out.resolve() == Path(p).resolve() for p in args.inputs):
+        raise DataError(f"--out {out} is one of the inputs: name another file")
+    if out.exists() and not args.overwrite:
+        raise DataError(f"{out} already exists: choose another --out or pass --overwrite")
+    tok, result = load_tokenizer(args.tokenizer), Trajectories()
+    with atomic_open(out, "w", encoding="utf-8") as f:  # renamed into place only when every session is read
+        for record in iter_trajectories(args.inputs, tok, args.max_tokens, result):
+            f.write(json.dumps(record, ensure_ascii=False) + "\n")
+    for reason, examples in result.examples.items():
+        for example in examples:
+            print(f"  dropped ({reason}) {example}")
+    for skipped in result.files_skipped_examples:
+        print(f"  not read: {skipped}")
+    print(f"{out}: {result.summary(args.max_tokens)}")
+    return 0

@@ -9,10 +9,15 @@ and the per-token losses are aggregated (TRL's loss types):
     sequence   mean over sequences of each sequence's token mean           (GRPO)
     token      sum over all completion tokens / their number               (DAPO)
     dr_grpo    sum over all completion tokens / (sequences x max_new_tokens) (Dr. GRPO)
-Logged per step: loss, reward mean and std, each reward component, KL, clip fraction, entropy,
-completion length, the share of completions cut at max_new_tokens, and groups skipped for having
-nothing to teach. The reference is the starting model: under LoRA the base with the adapter off (no
-second copy); otherwise a frozen copy, kept only when β > 0.
+With tools (grpo.tools) a completion is a multi-turn rollout (tool_rollout.py): "completion tokens" are
+the ids the policy sampled in all its turns, never the tool results or the turn tokens inserted around
+them, for the ratio, the KL (the reference scores the same targets) and the aggregation alike (Dr.
+GRPO's max_new_tokens is then per turn). Logged per step: loss, reward mean and std, each reward
+component, KL, clip fraction, entropy, completion length, the share of completions cut at
+max_new_tokens, the share of malformed chat replies (ended by the document-end token: rollout.py),
+groups skipped for having nothing to teach, and with tools the calls and failed calls per rollout.
+The reference is the starting model: under LoRA the base with the adapter off (no second copy);
+otherwise a frozen copy, kept only when β > 0.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from groundup.model.logprobs import logprobs
 from groundup.posttrain.config import GRPOConfig
 from groundup.posttrain.rollout import (RolloutBatch, RolloutLoader, no_usable_eval_prompts, policy_temperature,
                                          read_prompts)
+from groundup.posttrain.tool_rollout import roll_out, tool_runner
 from groundup.rewards.functions import load_rewards, score
 from groundup.train.distributed import unwrap
 from groundup.train.objective import ObjectiveOutput
@@ -69,12 +75,14 @@ class GRPOObjective:
     heldout: list | None = None
     rewards: list | None = None
     tokenizer: object = None
+    runner: object = None  # the tools the policy calls (a ToolRunner), or None
     name: str = "grpo"
 
     def metric_names(self) -> list[str]:
         """The same names every micro-batch and process reports (the core sums them across both)."""
         return ["loss", "kl", "clip_fraction", "reward", "reward_std", *[f"reward/{r.name}" for r in self.rewards],
-                "completion_length", "truncated", "entropy", "uninformative_groups"]
+                "completion_length", "truncated", "malformed", "entropy", "uninformative_groups",
+                *(["tool_calls", "tool_errors"] if self.runner is not None else [])]
 
     def _metrics(self, values: dict) -> dict:
         return {k: values.get(k, 0.0) for k in self.metric_names()}
@@ -113,8 +121,12 @@ class GRPOObjective:
         gen = Generator(unwrap(state.model), self.tokenizer)
         outs = []
         for i in range(0, len(prompts), 16):
-            outs += gen.complete_ids([p.ids for p in prompts[i : i + 16]], max_new_tokens=self.cfg.max_new_tokens,
-                                     temperature=0)
+            if self.runner is not None:  # the final answer after the tool calls
+                outs += roll_out(gen, prompts[i : i + 16], self.runner, self.cfg.max_tool_calls,
+                                 max_new_tokens=self.cfg.max_new_tokens, temperature=0)
+            else:
+                outs += gen.complete_ids([p.ids for p in prompts[i : i + 16]],
+                                         max_new_tokens=self.cfg.max_new_tokens, temperature=0)
         sums: dict[str, float] = {}
         for p, o in zip(prompts, outs):
             total, parts, _ = score(self.rewards, p.text, o.text, p.fields, p.messages)
@@ -137,9 +149,11 @@ def grpo(cfg: GRPOConfig, out_dir: str | Path, resume: bool = False) -> dict:
             raise ConfigError(f"grpo.max_new_tokens = {g.max_new_tokens}: at or over the model's context "
                               f"({run.model.cfg.max_seq_len} tokens); leave room for the prompt",
                               key="grpo.max_new_tokens")
-        train, held, bad = read_prompts(g.prompts, tok, context)
+        runner = tool_runner(g.tools)
+        shown = runner.schemas() if runner is not None else None
+        train, held, bad = read_prompts(g.prompts, tok, context, shown)
         if g.eval_prompts:
-            unmarked, marked, bad2 = read_prompts(g.eval_prompts, tok, context)
+            unmarked, marked, bad2 = read_prompts(g.eval_prompts, tok, context, shown)
             held, bad = unmarked + marked, bad + bad2  # every prompt of an eval file is held out, marked or not
             if not held:
                 raise no_usable_eval_prompts(g.eval_prompts, bad2)
@@ -154,14 +168,14 @@ def grpo(cfg: GRPOConfig, out_dir: str | Path, resume: bool = False) -> dict:
         if g.beta and not cfg.lora.enabled:
             reference = copy.deepcopy(run.model).eval().requires_grad_(False).to(d.device)
         loader = RolloutLoader(train, g, rewards, tok, seed=g.seed, rank=d.rank, world_size=d.world_size,
-                               accum=cfg.train.grad_accum, reduce=d.sum)
+                               accum=cfg.train.grad_accum, reduce=d.sum, runner=runner)
         note(f"{len(train):,} prompts ({len(held):,} held out), {g.group_size} completions each, "
              f"{g.prompts_per_batch} prompts per micro-batch, {cfg.train.max_steps:,} steps")
         if d.is_main and not resume:
             atomic_write_json(run.out / DATA_REPORT_FILE, {"prompts": len(train), "heldout": len(held),
                                                            "skipped": bad[:20], "rewards": g.rewards,
                                                            **dataclasses.asdict(g)})
-        summary = run.train(GRPOObjective(g, held, rewards, tok), loader,
+        summary = run.train(GRPOObjective(g, held, rewards, tok, runner), loader,
                             on_start=lambda state: loader.bind(unwrap(state.model), reference))
         summary["reward_errors"] = len(loader.errors)
         if loader.errors:

@@ -10,7 +10,9 @@ Accepted (JSONL or Parquet, through groundup.data's one reader):
   beginning; the shared messages (or characters) are the prompt.
 Messages are rendered with the tokenizer's chat template (the completion ends with the end-of-turn
 token, which is learned); plain texts are the prompt after the document prefix and the completion
-followed by end-of-text.
+followed by end-of-text. Tool use as records.py reads it: a record-level `tools` list reaches the
+template, the prompt may hold calls and results, and a completion's assistant messages may call tools
+(their calls are part of what is compared and learned; a completion never holds tool results).
 
 Never a crash of a long run: identical chosen and rejected, an empty completion, a record of no
 known shape are skipped and counted with their `file:line`; a prompt that leaves no room in the
@@ -24,7 +26,8 @@ from typing import Sequence
 
 from groundup.data.hashing import document_score
 from groundup.data.readers import ReadStats, iter_records
-from groundup.posttrain.records import BadRecord, parse_messages
+from groundup.errors import DataError
+from groundup.posttrain.records import BadRecord, parse_messages, parse_tools
 
 
 @dataclass
@@ -58,18 +61,23 @@ class PairsReport:
                 "skipped": len(self.skipped), "skipped_examples": self.skipped[:10], "read": self.read.to_dict()}
 
 
-def _render(tok, prompt, completion) -> tuple[list[int], list[int]]:
-    """(prompt ids, completion ids) of one prompt and one completion, text or messages."""
+def _render(tok, prompt, completion, tools: list[dict] | None = None) -> tuple[list[int], list[int]]:
+    """(prompt ids, completion ids) of one prompt and one completion, text or messages (`tools`: the
+    record's tool definitions, for messages)."""
     if isinstance(prompt, str) and isinstance(completion, str):
         if not completion:
             raise BadRecord("the completion is empty")
         return list(tok.prefix_ids) + tok.encode(prompt), tok.encode(completion) + [tok.eot_id]
     if isinstance(prompt, list) and isinstance(completion, list):
         p, c = parse_messages(prompt, "prompt"), parse_messages(completion, "completion")
-        if not c or any(m["role"] != "assistant" for m in c) or not any(m["content"] for m in c):
+        if not c or any(m["role"] != "assistant" for m in c) or not any(m["content"] or m.get("tool_calls")
+                                                                         for m in c):
             raise BadRecord("the completion must be non-empty assistant messages")
-        prompt_ids, _ = tok.render_chat(p, add_generation_prompt=True)
-        full, _ = tok.render_chat(p + c)
+        try:
+            prompt_ids, _ = tok.render_chat(p, add_generation_prompt=True, tools=tools)
+            full, _ = tok.render_chat(p + c, tools=tools)
+        except DataError as e:  # e.g. a Hugging Face template that refuses these messages
+            raise BadRecord(str(e)) from None
         if full[: len(prompt_ids)] != prompt_ids:
             raise BadRecord("the chat template renders the prompt differently inside the conversation")
         return prompt_ids, full[len(prompt_ids):]
@@ -106,7 +114,7 @@ def _fit(prompt: list[int], completions: Sequence[list[int]], max_len: int, repo
 
 def _meta(record: dict) -> dict:
     return {k: v for k, v in record.items() if not k.startswith("_") and k not in ("prompt", "chosen", "rejected",
-                                                                                    "completion", "label")}
+                                                                                    "completion", "label", "tools")}
 
 
 def read_pairs(paths, tok, max_len: int) -> tuple[list[Pair], PairsReport]:
@@ -122,8 +130,9 @@ def read_pairs(paths, tok, max_len: int) -> tuple[list[Pair], PairsReport]:
                 prompt, chosen, rejected = _implicit_prompt(chosen, rejected)
             if chosen == rejected:
                 raise BadRecord("'chosen' and 'rejected' are identical")
-            p, c = _render(tok, prompt, chosen)
-            p2, r = _render(tok, prompt, rejected)
+            tools = parse_tools(record.get("tools"))
+            p, c = _render(tok, prompt, chosen, tools)
+            p2, r = _render(tok, prompt, rejected, tools)
             if c == r:
                 raise BadRecord("'chosen' and 'rejected' tokenize identically")
             pairs.append(Pair(len(pairs), _fit(p, [c, r], max_len, report), c, r, _meta(record)))
@@ -141,7 +150,7 @@ def read_feedback(paths, tok, max_len: int) -> tuple[list[Feedback], PairsReport
         try:
             if "completion" not in record or not isinstance(record.get("label"), bool):
                 raise BadRecord("expected 'prompt', 'completion' and a boolean 'label'")
-            p, c = _render(tok, record.get("prompt", ""), record["completion"])
+            p, c = _render(tok, record.get("prompt", ""), record["completion"], parse_tools(record.get("tools")))
             singles.append(Feedback(len(singles), _fit(p, [c], max_len, report), c, record["label"], _meta(record)))
         except BadRecord as e:
             report.skipped.append(f"{where}: {e}")

@@ -15,6 +15,10 @@ It may add rounds (rft.rounds); a rerun with another base, other prompts, reward
 is refused, naming the key, unless `overwrite` (--overwrite) discards the rounds made before.
 A sample whose reward failed is never kept; a round that keeps nothing fine-tunes on nothing and says
 why, and one whose rewards never work stops (rft.reward_patience, rewards/health.py).
+
+With tools (rft.tools) each sample is a multi-turn rollout (tool_rollout.py) scored on its final answer,
+and a kept sample is the whole trajectory (calls, results, answer) with the tools it was shown: the
+round's SFT trains on the assistant's text and calls, never on tool results (the chat format's mask).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from groundup.posttrain.rollout import no_usable_eval_prompts, read_prompts
 from groundup.posttrain.sampled_data import best_completions, nothing_written
 from groundup.posttrain.sampling_job import SamplingJob, input_settings
 from groundup.posttrain.sft import sft
+from groundup.posttrain.tool_rollout import roll_out, tool_runner
 from groundup.rewards.functions import load_rewards, score
 from groundup.rewards.health import RewardHealth
 
@@ -45,11 +50,14 @@ SAMPLE_ROWS = 32  # completions sampled together
 SAMPLE_CHUNK = 256  # prompts sampled between saves of a round's work
 
 
-def _heldout_reward(model, tok, prompts, rewards, max_new: int) -> float | None:
+def _heldout_reward(model, tok, prompts, rewards, max_new: int, runner=None, max_tool_calls: int = 4) -> float | None:
     if not prompts:
         return None
     gen = Generator(model, tok)
-    outs = gen.complete_ids([p.ids for p in prompts], max_new_tokens=max_new, temperature=0)
+    if runner is not None:  # the final answer after the tool calls
+        outs = roll_out(gen, prompts, runner, max_tool_calls, max_new_tokens=max_new, temperature=0)
+    else:
+        outs = gen.complete_ids([p.ids for p in prompts], max_new_tokens=max_new, temperature=0)
     return sum(score(rewards, p.text, o.text, p.fields, p.messages)[0] for p, o in zip(prompts, outs)) / len(prompts)
 
 
@@ -58,9 +66,12 @@ def rft_settings(cfg: RFTConfig) -> dict:
     evaluation may change)."""
     r = cfg.rft
     inputs = input_settings(cfg.base, r.prompts, r.rewards, r.reward_weights)
-    return {"base": inputs["model"], "rft.prompts": inputs["prompts"], "rft.rewards": list(r.rewards),
-            "rft.reward_weights": list(r.reward_weights), "rft.samples": r.samples, "rft.threshold": r.threshold,
-            "rft.max_new_tokens": r.max_new_tokens, "rft.temperature": r.temperature, "rft.seed": r.seed}
+    settings = {"base": inputs["model"], "rft.prompts": inputs["prompts"], "rft.rewards": list(r.rewards),
+                "rft.reward_weights": list(r.reward_weights), "rft.samples": r.samples, "rft.threshold": r.threshold,
+                "rft.max_new_tokens": r.max_new_tokens, "rft.temperature": r.temperature, "rft.seed": r.seed}
+    if r.tools:  # only with tools, so that rounds made before tool use existed still resume
+        settings.update({"rft.tools": r.tools, "rft.max_tool_calls": r.max_tool_calls})
+    return settings
 
 
 def _shown(value):
@@ -100,13 +111,14 @@ def _check_settings(out: Path, settings: dict, overwrite: bool) -> None:
     atomic_write_json(saved, {"version": SETTINGS_VERSION, "settings": settings})
 
 
-def _sample_round(cfg: RFTConfig, n: int, current: str, gen, prompts, rewards, samples: Path, bad: list) -> None:
+def _sample_round(cfg: RFTConfig, n: int, current: str, gen, prompts, rewards, samples: Path, bad: list,
+                  runner=None) -> None:
     """Round n's kept completions into `samples` (and its statistics into sampling.json beside it), a chunk
     of prompts at a time: an interrupted round continues where it stopped (posttrain/sampling_job.py)."""
     r = cfg.rft
     settings = {**input_settings(current, r.prompts, r.rewards, r.reward_weights), "samples": r.samples,
                 "threshold": r.threshold, "max_new_tokens": r.max_new_tokens, "temperature": r.temperature,
-                "seed": r.seed + n}
+                "seed": r.seed + n, **({"tools": r.tools, "max_tool_calls": r.max_tool_calls} if r.tools else {})}
 
     health = RewardHealth([x.name for x in rewards], r.reward_patience, "batches", "rft.reward_patience = 0")
 
@@ -114,7 +126,8 @@ def _sample_round(cfg: RFTConfig, n: int, current: str, gen, prompts, rewards, s
         errors: list[str] = []
         kept, stats = best_completions(gen, part, rewards, r.samples, r.threshold, errors, health=health,
                                        batch_rows=SAMPLE_ROWS, max_new_tokens=r.max_new_tokens,
-                                       temperature=r.temperature, seed=seed)
+                                       temperature=r.temperature, seed=seed, runner=runner,
+                                       max_tool_calls=r.max_tool_calls)
         return kept, stats, errors
 
     if r.threshold is None:
@@ -154,6 +167,8 @@ def rft(cfg: RFTConfig, out_dir: str | Path, overwrite: bool = False) -> list[di
     _check_settings(out, rft_settings(cfg), overwrite)
     history = read_json(out / ROUNDS_FILE, expect=list) if (out / ROUNDS_FILE).is_file() else []
     current = cfg.base
+    runner = tool_runner(r.tools)
+    shown = runner.schemas() if runner is not None else None
     for n in range(1, r.rounds + 1):
         round_dir = out / f"round_{n:02d}"
         run_dir = round_dir / "run"
@@ -166,23 +181,23 @@ def rft(cfg: RFTConfig, out_dir: str | Path, overwrite: bool = False) -> list[di
         if context < 1:
             raise ConfigError(f"rft.max_new_tokens = {r.max_new_tokens}: at or over the model's context "
                               f"({model.cfg.max_seq_len} tokens); leave room for the prompt", key="rft.max_new_tokens")
-        prompts, held, bad = read_prompts(r.prompts, tok, context)
+        prompts, held, bad = read_prompts(r.prompts, tok, context, shown)
         if r.eval_prompts:
-            unmarked, marked, bad2 = read_prompts(r.eval_prompts, tok, context)
+            unmarked, marked, bad2 = read_prompts(r.eval_prompts, tok, context, shown)
             held = unmarked + marked  # every prompt of an eval file is held out, marked split="heldout" or not
             if not held:
                 raise no_usable_eval_prompts(r.eval_prompts, bad2)
         held = held[: r.eval_count]
         samples = round_dir / "samples.jsonl"
         if not samples.is_file():
-            _sample_round(cfg, n, current, Generator(model, tok), prompts, rewards, samples, bad)
+            _sample_round(cfg, n, current, Generator(model, tok), prompts, rewards, samples, bad, runner)
         stats = read_json(round_dir / "sampling.json")
-        before = _heldout_reward(model, tok, held, rewards, r.max_new_tokens)
+        before = _heldout_reward(model, tok, held, rewards, r.max_new_tokens, runner, r.max_tool_calls)
         del model
         round_cfg = dataclasses.replace(cfg, base=str(current), sft=dataclasses.replace(cfg.sft, data=[str(samples)]))
         summary = sft(round_cfg, run_dir, resume=is_run_dir(run_dir))
         model, tok = load_for_inference(run_dir, device=cfg.train.device, merge=True)
-        after = _heldout_reward(model, tok, held, rewards, r.max_new_tokens)
+        after = _heldout_reward(model, tok, held, rewards, r.max_new_tokens, runner, r.max_tool_calls)
         record = {"round": n, "base": str(current), "samples": stats["samples"], "sample_reward": stats["mean_reward"],
                   "kept": stats["kept"], "heldout_reward_before": before, "heldout_reward_after": after,
                   "sft_steps": summary["steps"], "reward_errors": stats.get("reward_errors", 0)}

@@ -18,8 +18,16 @@ is trained on (its targets are ignored), as TRL's mask_truncated_completions. An
 `grad_accum` batches, all sampled from the policy before the step; with `iterations` > 1 the same
 batches are used for that many steps, their old log-probs fixed at sampling.
 
+With a tool runner (grpo.tools) a chat prompt rolls out multi-turn (tool_rollout.py: calls run, their
+results appended), the rewards judge the final answer, and the targets are the ids the policy sampled
+in all its turns: tool results and the turn tokens inserted around them are ignored (IGNORE_INDEX), the
+old and reference log-probs aligned with the same targets. A chat reply (any turn) that stops at the
+document-end token instead of the end of turn is malformed, the format drift GRPO on chat prompts
+showed: it scores `malformed_penalty` below the lowest reward of its group (`penalize_malformed`).
+
 Exact resume: the prompt order is a seeded permutation per epoch, each batch's sampling seed derives
-from (seed, rank, batch number), and a batch still being iterated on is saved with the loader.
+from (seed, rank, batch number) (a tool rollout's turns too, and the tools give the same results: a
+tool that times out now and then does not), and a batch still being iterated on is saved with the loader.
 """
 
 from __future__ import annotations
@@ -35,9 +43,11 @@ from groundup.infer import Generator
 from groundup.model.logprobs import logprobs
 from groundup.model.lora import adapters_disabled
 from groundup.model.loss import IGNORE_INDEX
-from groundup.posttrain.records import BadRecord, no_usable_held_out, parse_messages
+from groundup.posttrain.records import BadRecord, no_usable_held_out, parse_messages, parse_tools
+from groundup.posttrain.tool_rollout import roll_out
 from groundup.rewards.functions import score_each
 from groundup.rewards.health import BatchTally, RewardHealth
+from groundup.tools import ToolRunner
 
 
 def policy_temperature(cfg) -> float:
@@ -52,25 +62,36 @@ class Prompt:
     text: str  # what rewards see as the prompt
     fields: dict = field(default_factory=dict)  # the record's other fields (answer, tests, ...), passed to rewards
     messages: list[dict] | None = None  # a chat prompt's messages
+    tools: list[dict] | None = None  # with tool use on: the definitions the model reads (the record's, or the runner's)
 
 
-def read_prompts(paths, tok, max_len: int) -> tuple[list[Prompt], list[Prompt], list[str]]:
+def read_prompts(paths, tok, max_len: int, tools: list[dict] | None = None) -> tuple[list[Prompt], list[Prompt],
+                                                                                        list[str]]:
     """(training prompts, held-out prompts, skipped "file:line: reason"). A `messages` record whose last
-    message is the assistant's is a prompt without it (so SFT chat files serve as prompts)."""
+    message is the assistant's is a prompt without it (so SFT chat files serve as prompts). `tools`: tool
+    use is on, and these are the definitions a chat prompt shows unless its record has a `tools` list of
+    its own; a text prompt is then skipped (tools need a chat)."""
     train, held, bad = [], [], []
     for record in iter_records(paths, ReadStats(), require_text=False):
         where = record.get("_where", "?")
         try:
             fields = {k: v for k, v in record.items() if not k.startswith("_") and k not in ("prompt", "messages", "id",
                                                                                                "source", "domain")}
+            shown = None
             if "messages" in record or isinstance(record.get("prompt"), list):
                 messages = parse_messages(record.get("messages", record.get("prompt")), "messages")
                 if messages[-1]["role"] == "assistant":
                     messages = messages[:-1]
                 if not messages or messages[-1]["role"] != "user":
                     raise BadRecord("a chat prompt must end with the user's message")
-                ids, _ = tok.render_chat(messages, add_generation_prompt=True)
+                shown = (parse_tools(record.get("tools")) or tools) if tools is not None else None
+                try:
+                    ids, _ = tok.render_chat(messages, add_generation_prompt=True, tools=shown)
+                except DataError as e:  # a record's malformed `tools` list
+                    raise BadRecord(str(e)) from None
                 text = messages[-1]["content"]
+            elif tools is not None:
+                raise BadRecord("a text prompt cannot call tools: give a chat prompt (messages) with tool use on")
             elif isinstance(record.get("prompt"), str):
                 text, messages = record["prompt"], None
                 ids = list(tok.prefix_ids) + tok.encode(text)
@@ -78,7 +99,8 @@ def read_prompts(paths, tok, max_len: int) -> tuple[list[Prompt], list[Prompt], 
                 raise BadRecord("expected 'prompt' (text or messages) or 'messages'")
             if len(ids) >= max_len:
                 raise BadRecord(f"the prompt is {len(ids)} tokens, no room left in a context of {max_len}")
-            (held if fields.get("split") == "heldout" else train).append(Prompt(ids, text, fields, messages))
+            (held if fields.get("split") == "heldout" else train).append(Prompt(ids, text, fields, messages,
+                                                                                  shown))
         except BadRecord as e:
             bad.append(f"{where}: {e}")
     return train, held, bad
@@ -103,19 +125,25 @@ def _varies(scores: list[float]) -> bool:
 
 def sample_scored(gen: Generator, prompts: list[Prompt], rewards, k: int, errors: list[str] | None = None,
                   batch_rows: int = 32, progress: bool = False, health: RewardHealth | None = None,
-                  **sampling) -> ScoredSamples:
+                  runner: ToolRunner | None = None, max_tool_calls: int = 4, **sampling) -> ScoredSamples:
     """k completions of each prompt (prompt-major), scored by the rewards; reward failures are appended
     to `errors` as "prompt: reason" (they score 0). Rows are sampled `batch_rows` at a time (the KV cache
     grows with rows x context), each batch with its own seed and scored as it comes; `health` is given
-    each batch's tally (with the whole prompts finished in it) and stops a run whose rewards never work."""
+    each batch's tally (with the whole prompts finished in it) and stops a run whose rewards never work.
+    With a tool `runner` each row is a multi-turn ToolRollout (tool_rollout.py) and the rewards judge its
+    final answer (`.text`)."""
     from tqdm import tqdm
 
-    rows = [p.ids for p in prompts for _ in range(k)]
+    rows = [p for p in prompts for _ in range(k)]
     result = ScoredSamples([], [], {r.name: [] for r in rewards}, [], BatchTally())
     pending, tallied = BatchTally(), 0  # not yet given to `health`; prompts whose samples are all tallied
     with tqdm(total=len(rows), desc="sampling", unit=" samples", disable=not progress, leave=False) as bar:
         for i in range(0, len(rows), batch_rows):
-            outs = gen.complete_ids(rows[i : i + batch_rows], **{**sampling, "seed": sampling.get("seed", 0) + i})
+            seed = sampling.get("seed", 0) + i
+            if runner is None:
+                outs = gen.complete_ids([p.ids for p in rows[i : i + batch_rows]], **{**sampling, "seed": seed})
+            else:
+                outs = roll_out(gen, rows[i : i + batch_rows], runner, max_tool_calls, **{**sampling, "seed": seed})
             bar.update(len(outs))
             for j, o in enumerate(outs, start=i):
                 p = prompts[j // k]
@@ -149,12 +177,41 @@ class RolloutBatch:
     stats: dict  # reward mean/std/components, lengths, truncation, skipped groups (for the log)
 
 
+def ends_document(prompt: Prompt, out, tok) -> bool:
+    """A chat reply (any turn of a tool rollout) that stopped at the document-end token instead of the end
+    of turn: malformed. SFT taught the end of turn, but the engine stops at either, so nothing else keeps
+    such endings from being reinforced (the format drift of GRPO on chat prompts). A text prompt's
+    completion rightly ends at the document end; where the two are one token (many Hugging Face
+    tokenizers) no reply is malformed. Only sampled ids count: the engine stops at a sampled end token."""
+    eot, eos = tok.end_of_turn_id, tok.eot_id
+    if prompt.messages is None or eot is None or eos is None or eot == eos:
+        return False
+    sampled = getattr(out, "generated", None) or [True] * len(out.token_ids)
+    return any(i == eos and g for i, g in zip(out.token_ids, sampled))
+
+
+def penalize_malformed(totals: list[float], malformed: list[bool], group_size: int, penalty: float) -> list[float]:
+    """Each malformed reply's reward as `penalty` below the lowest of its group (its own included), so its
+    advantage is the group's lowest whatever its rewards said; the others' are unchanged. A mask could
+    only stop reinforcing such an ending; the penalty also unlearns the drift a model already has."""
+    if not penalty:
+        return list(totals)
+    out = list(totals)
+    for start in range(0, len(totals), group_size):
+        low = min(totals[start : start + group_size])
+        for i in range(start, min(start + group_size, len(totals))):
+            if malformed[i]:
+                out[i] = low - penalty
+    return out
+
+
 class RolloutLoader:
     def __init__(self, prompts: list[Prompt], cfg, rewards, tok, seed: int = 0, rank: int = 0, world_size: int = 1,
-                 accum: int = 1, reduce=None):
+                 accum: int = 1, reduce=None, runner: ToolRunner | None = None):
+        """`runner`: the tools the policy calls while it replies (cfg.max_tool_calls at most); None = none."""
         if not prompts:
             raise DataError("no usable GRPO prompts (see the skipped records above)")
-        self.prompts, self.cfg, self.rewards, self.tok = prompts, cfg, rewards, tok
+        self.prompts, self.cfg, self.rewards, self.tok, self.runner = prompts, cfg, rewards, tok, runner
         self.seed, self.rank, self.world_size = seed, rank, world_size
         self.batch_size = cfg.prompts_per_batch  # prompts per batch (what a resume must agree on)
         self.epoch, self.position, self.batches, self.iteration, self.accum = 0, 0, 0, 0, accum
@@ -218,19 +275,27 @@ class RolloutLoader:
     def _sample(self, prompts: list[Prompt]) -> RolloutBatch | None:
         c, G = self.cfg, self.cfg.group_size
         seed = int(np.random.default_rng([self.seed, self.rank, self.batches]).integers(1 << 31))
-        rows = [p.ids for p in prompts for _ in range(G)]
         scored = sample_scored(Generator(self.policy, self.tok), prompts, self.rewards, G, self.errors,
+                               runner=self.runner, max_tool_calls=c.max_tool_calls,
                                max_new_tokens=c.max_new_tokens, temperature=c.temperature, top_p=c.top_p, seed=seed,
                                logprobs=True, logprob_temperature=policy_temperature(c))
         self.tally.add(scored.tally)
-        outs, totals, parts = scored.outs, scored.totals, scored.parts
+        outs, parts = scored.outs, scored.parts
+        # a tool rollout renders its own prompt (with the tools' definitions); a plain one samples after p.ids
+        rows = [o.prompt_ids if self.runner is not None else prompts[i // G].ids for i, o in enumerate(outs)]
+        malformed = [ends_document(prompts[i // G], o, self.tok) for i, o in enumerate(outs)]
+        totals = penalize_malformed(scored.totals, malformed, G, c.malformed_penalty)
         r = torch.tensor(totals).view(len(prompts), G)
+        entropies = [h for o in outs for h in (getattr(o, "entropies", None) or [])]  # a ToolRollout has none
         informative = (r.max(dim=1).values - r.min(dim=1).values) > 0
         stats = {"reward": r.mean().item(), "reward_std": r.std(dim=1).mean().item(),
                  **{f"reward/{k}": float(np.mean(v)) for k, v in parts.items()},
                  "completion_length": float(np.mean([len(o.token_ids) for o in outs])),
                  "truncated": float(np.mean([o.finish_reason == "length" for o in outs])),
-                 "entropy": float(np.mean([h for o in outs for h in o.entropies])) if outs else 0.0,
+                 "malformed": float(np.mean(malformed)),
+                 **({"tool_calls": float(np.mean([o.tool_calls for o in outs])),
+                     "tool_errors": float(np.mean([o.tool_errors for o in outs]))} if self.runner is not None else {}),
+                 "entropy": float(np.mean(entropies)) if entropies else 0.0,
                  "uninformative_groups": int((~informative).sum())}
         if not informative.any():
             return None
@@ -241,7 +306,9 @@ class RolloutLoader:
         return self._tensors([rows[i] for i in keep], [outs[i] for i in keep], adv.view(-1)[keep], stats)
 
     def _tensors(self, rows, outs, advantages, stats) -> RolloutBatch:
-        """The batch's tensors; with `mask_truncated` a cut-off completion's targets are all ignored."""
+        """The batch's tensors: targets on the sampled ids only (a tool rollout's results and the turn
+        tokens inserted around them are ignored, its `generated` mask), old log-probs aligned with them;
+        with `mask_truncated` a cut-off completion's targets are all ignored."""
         T = max(len(p) + len(o.token_ids) for p, o in zip(rows, outs)) - 1
         pad = self.tok.pad_id if self.tok.pad_id is not None else self.tok.eot_id
         x = torch.full((len(rows), T), pad, dtype=torch.long)
@@ -251,7 +318,10 @@ class RolloutLoader:
             seq = torch.tensor(p + o.token_ids)
             x[i, : len(seq) - 1] = seq[:-1]
             if not (self.cfg.mask_truncated and o.finish_reason == "length"):
-                t[i, len(p) - 1 : len(seq) - 1] = seq[len(p):]
+                sampled = seq[len(p):].clone()
+                if getattr(o, "generated", None) is not None:  # a multi-turn rollout: only what the policy sampled
+                    sampled[~torch.tensor(o.generated, dtype=torch.bool)] = IGNORE_INDEX
+                t[i, len(p) - 1 : len(seq) - 1] = sampled
             old[i, len(p) - 1 : len(seq) - 1] = torch.tensor(o.logprobs)
         ref = None
         if self.cfg.beta:

@@ -15,7 +15,9 @@ three right and five wrong samples gives three pairs rather than one.
 
 from __future__ import annotations
 
+from groundup.infer.tool_loop import ToolRollout
 from groundup.posttrain.rollout import Prompt, sample_scored
+from groundup.posttrain.tool_rollout import trajectory_record
 
 
 def ranked_pairs(texts: list[str], scores: list[float], per_prompt: int = 1) -> list[tuple[int, int]]:
@@ -96,7 +98,10 @@ def best_completions(gen, prompts: list[Prompt], rewards, k: int, threshold: flo
     for j, p in enumerate(prompts):
         scores = scored.totals[j * k : (j + 1) * k]
         for i in kept_samples(scores, scored.failed[j * k : (j + 1) * k], threshold):
+            out = scored.outs[j * k + i]
+            if isinstance(out, ToolRollout):  # the whole trajectory: calls, results, answer (and the tools shown)
+                kept.append({**trajectory_record(p, out), "reward": scores[i]})
+                continue
             messages = list(p.messages or [{"role": "user", "content": p.text}])
-            kept.append({"messages": messages + [{"role": "assistant", "content": scored.outs[j * k + i].text}],
-                         "reward": scores[i]})
+            kept.append({"messages": messages + [{"role": "assistant", "content": out.text}], "reward": scores[i]})
     return kept, {"reward_sum": sum(scored.totals), "kept": len(kept), **_tally_counts(scored)}

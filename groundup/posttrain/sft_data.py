@@ -6,8 +6,9 @@ with exact resume and optional replay of pretraining data.
     loader = SFTLoader(rows, batch_size, seed, replay=TokenLoader(...) or None, replay_rows=2)
 
 A tokenized example is its ids and a mask saying which tokens are learned (1) — the chat template's
-assistant tokens and end of turn, the completion, or everything. As a training sequence it becomes
-inputs ids[:-1] and targets ids[1:] with unlearned targets ignored.
+assistant tokens and end of turn (its text and its tool calls; never tool results or the tool
+definitions, which the record's `tools` put in the system turn), the completion, or everything. As
+a training sequence it becomes inputs ids[:-1] and targets ids[1:] with unlearned targets ignored.
 
 Packing (best-fit decreasing): examples, longest first, go into the row whose free space fits them
 most tightly, so no example is ever cut; an example longer than a row is dropped and counted.
@@ -60,10 +61,10 @@ def tokenize(ex: Example, tok, loss_on: str, index: int = 0) -> Tokenized:
         ids = prompt + completion
         mask = ([0] * len(prompt) if loss_on != "all" else [0] + [1] * (len(prompt) - 1)) + [1] * len(completion)
     else:
-        ids, mask = tok.render_chat(ex.messages)
+        ids, mask = tok.render_chat(ex.messages, tools=ex.tools)
         if loss_on == "completion":
-            prompt_ids, _ = tok.render_chat(ex.messages[: ex.completion_at], add_generation_prompt=True) \
-                if ex.completion_at > 0 else ([], [])
+            prompt_ids, _ = tok.render_chat(ex.messages[: ex.completion_at], add_generation_prompt=True,
+                                            tools=ex.tools) if ex.completion_at > 0 else ([], [])
             mask = [m if i >= len(prompt_ids) else 0 for i, m in enumerate(mask)]
         elif loss_on == "all":
             mask = [0] + [1] * (len(ids) - 1)

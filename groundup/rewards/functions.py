@@ -10,7 +10,10 @@ A reward is named by `module:function` (any importable module, e.g. a file on PY
     exact_match_lenient                1 if the last number in the completion equals `answer`
     format_answer                      1 if the completion has an `Answer: N` line (a format reward)
     code                               1 if `prompt + completion` passes the record's `tests` in the
-                                       evaluation sandbox (a separate process with limits, never exec)
+                                       evaluation sandbox (a separate process with limits, never exec);
+                                       a chat reply's last ```python block is its code (code_tests.py)
+    tests_passed                       the share of the record's tests that pass (each assert of `tests`
+                                       counted; HumanEval's check(candidate) too), in one sandbox run
 Extra fields of the prompt's record (answer, tests, entry_point, ...) are passed as keyword arguments;
 a field named `prompt`, `completion` or `messages` (a TRL prompt-completion file's reference
 completion) is not, as TRL's trainers leave it out: those names are the call's own arguments.
@@ -28,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from groundup.config import ConfigError, did_you_mean
+from groundup.rewards.code_tests import code_program, count_passed
 from groundup.rewards.model_scorer import RewardModelScorer
 from groundup.rewards.process_scorer import ProcessRewardScorer
 from groundup.sandbox import check_completion, default_python
@@ -62,13 +66,24 @@ def format_answer(prompt: str, completion: str, **_) -> float:
 def code(prompt: str, completion: str, tests: str | None = None, entry_point: str | None = None, **_) -> float:
     if not tests:
         return 0.0
+    tests = "\n".join(tests) if isinstance(tests, list) else tests  # MBPP's test_list
     # the sandbox's interpreter: this process's may be one the sandbox user cannot run (a venv under /root)
-    return float(check_completion(prompt, completion, tests, entry_point, timeout=10.0, python=default_python()).passed)
+    return float(check_completion("", code_program(prompt, completion), tests, entry_point, timeout=10.0,
+                                  python=default_python()).passed)
+
+
+def tests_passed(prompt: str, completion: str, tests: str | list[str] | None = None, entry_point: str | None = None,
+                 **_) -> float:
+    """The share of the record's tests the completion passes (a partial reward; `code` is all or nothing)."""
+    if not tests:
+        return 0.0
+    passed, total = count_passed(prompt, completion, tests, entry_point, timeout=10.0, python=default_python())
+    return passed / total
 
 
 SHIPPED: dict[str, RewardFn] = {"exact_match": exact_match, "exact_match_strict": exact_match,
                                 "exact_match_lenient": exact_match_lenient, "format_answer": format_answer,
-                                "code": code}
+                                "code": code, "tests_passed": tests_passed}
 
 
 @dataclass
@@ -80,7 +95,7 @@ class Reward:
 
 def load_reward(spec: str) -> RewardFn:
     """A shipped reward by name, `rm:PATH` (a reward model), or `module:function`; ConfigError naming what is wrong."""
-    if spec == "code":
+    if spec in ("code", "tests_passed"):
         default_python()  # no interpreter the sandbox can run: say so now, not as a failure of every call
     if spec in SHIPPED:
         return SHIPPED[spec]

@@ -9,6 +9,7 @@ many LoRA adapters in one batch, echo + log-probs for evaluation harnesses, metr
     responses.py    OpenAI's response objects               metrics.py    Prometheus text
     server.py       what one serving process holds          page.py/.html the chat page (and blind battles)
     votes.py        blind battles between two served models, voted by people, appended to a battle log
+    tool_exec.py    `serve --execute-tools`: built-in tools run server-side in a loop, the final message returned
     commands.py     the CLI verb
 
 FastAPI and uvicorn (the `serve` extra) are imported only here.

@@ -5,7 +5,8 @@
                                  or stopped; never needs the key)
     GET  /v1/models[/{id}]       the base model and each adapter
     POST /v1/completions         prompt(s) -> text; echo + logprobs give the prompt's log-probs
-    POST /v1/chat/completions    messages -> the assistant's reply (the tokenizer's chat format)
+    POST /v1/chat/completions    messages -> the assistant's reply (the tokenizer's chat format); with
+                                 --execute-tools the server runs its built-in tools first (tool_exec.py)
     POST /tokenize, /detokenize  GET /tokenizer_info   (vLLM's; lm-evaluation-harness uses them)
     POST /v1/load_lora_adapter, /v1/unload_lora_adapter   (vLLM's; with --allow-adapter-updates:
                                  adapter_updates.py)
@@ -48,6 +49,7 @@ from groundup.serve.protocol import (APIError, ChatCompletionRequest, Completion
                                      TokenizeRequest, parse, request_schemas)
 from groundup.serve.server import Server
 from groundup.serve.streaming import stream
+from groundup.serve.tool_exec import answer as execute_tools, executes
 from groundup.serve.votes import HOW_TO_ENABLE as ARENA_HOW_TO_ENABLE, AnswerRequest, BattleRequest, VoteRequest
 
 log = logging.getLogger("groundup.serve")
@@ -202,6 +204,9 @@ def create_app(server: Server) -> FastAPI:
     @app.post("/v1/chat/completions", openapi_extra=body_schema(ChatCompletionRequest))
     async def chat_completions(request: Request):
         req = parse(ChatCompletionRequest, await read_body(request, limit))
+        if executes(server, req):  # serve --execute-tools: the server runs its tools and answers at the end
+            body = await execute_tools(server, req, request)
+            return body if isinstance(body, Response) else JSONResponse(body)
         return await respond(plan_chat(server, req), request)
 
     @app.post("/tokenize", openapi_extra=body_schema(TokenizeRequest))

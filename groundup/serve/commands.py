@@ -2,7 +2,7 @@
 
     groundup serve --model out/model [--adapter sql=adapters/sql ...] [--host 127.0.0.1] [--port 8000]
                    [--api-key KEY] [--max-batch 16] [--max-tokens N] [--allow-adapter-updates]
-                   [--arena-log votes.jsonl]
+                   [--arena-log votes.jsonl] [--execute-tools calculator,python [--max-tool-calls 4]]
 
 With --allow-adapter-updates, clients load and unload adapters while it serves, with vLLM's API:
 POST /v1/load_lora_adapter {"lora_name": NAME, "lora_path": DIR} and POST /v1/unload_lora_adapter
@@ -46,6 +46,13 @@ def serve_arguments(p: argparse.ArgumentParser) -> None:
                         "better, Tie, Both are bad); each vote appends a line to FILE (JSONL with FastChat's battle "
                         "columns: model_a, model_b, winner, ...), which `groundup arena --battles FILE` rates. Needs "
                         "two models at least: the base model and an --adapter (default: off)")
+    p.add_argument("--execute-tools", default=None, metavar="TOOLS",
+                   help="run these built-in tools on the server (comma-separated: calculator, python): a non-streamed "
+                        "chat request gets their definitions, the server runs the model's calls of them in a loop and "
+                        "answers with the final message (default: off; calls go back to the client, OpenAI's contract)")
+    p.add_argument("--max-tool-calls", type=int, default=4, metavar="N",
+                   help="with --execute-tools: calls run per request before the model must answer in text "
+                        "(default: 4)")
     p.add_argument("--name", default=None, help="the base model's name in the API (default: the model's directory name)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
     p.add_argument("--port", type=int, default=8000, help="(default: 8000)")
@@ -106,11 +113,26 @@ def build_server(args: argparse.Namespace):
     name = args.name or Path(args.model).resolve().name
     if args.arena_log is not None:  # before the model loads
         require_two([name, *adapters], args.allow_adapter_updates)
+    runner = _tool_runner(args.execute_tools, args.max_tool_calls)  # before the model loads
     model, tok = load_for_inference(args.model, args.device, args.dtype, args.tokenizer)
     speculator = speculator_from_args(args, tok, model.device, model.dtype)
     return Server(model, tok, name=name, adapters=adapters, limits=limits, api_key=args.api_key or None,
                   speculator=speculator, compile=args.compile, allow_adapter_updates=args.allow_adapter_updates,
-                  arena_log=args.arena_log)
+                  arena_log=args.arena_log, tool_runner=runner, max_tool_calls=args.max_tool_calls)
+
+
+def _tool_runner(spec: str | None, max_tool_calls: int):
+    """--execute-tools: built-in tools only (a `module:function` would run a user's code for any client)."""
+    from groundup.tools import ToolRunner, resolve_tools
+
+    if max_tool_calls < 1:
+        raise ConfigError(f"--max-tool-calls {max_tool_calls}: expected at least 1", key="max_tool_calls")
+    if spec is None:
+        return None
+    if ":" in spec:
+        raise ConfigError(f"--execute-tools {spec}: only built-in tools run on the server (calculator, python); "
+                          "a module:function tool is the client's to run", key="execute_tools")
+    return ToolRunner(resolve_tools(spec))
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -135,7 +157,8 @@ def serve(args: argparse.Namespace) -> int:
     print(f"serving {names} on {where} (chat page: {where}/, API: {where}/v1; "
           f"batch {server.limits.max_batch}, context {server.context}"
           f"{', API key required' if server.api_key else ''}"
-          f"{', adapters load and unload at run time' if server.updates is not None else ''})",
+          f"{', adapters load and unload at run time' if server.updates is not None else ''}"
+          f"{', runs the tools ' + args.execute_tools if server.tool_runner is not None else ''})",
           file=sys.stderr, flush=True)
     if server.arena is not None:
         print(f"blind battles: {where}/#arena, votes appended to {args.arena_log}", file=sys.stderr, flush=True)

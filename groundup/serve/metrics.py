@@ -28,7 +28,8 @@ groundup's own, no labels: groundup_requests_total{endpoint,status} and
 groundup_request_duration_seconds{endpoint} (HTTP; a stream's duration runs to its last byte),
 groundup_prefill_tokens_total (tokens actually prefilled: prefix-cache hits not, preemptions again),
 groundup_decode_steps_total, groundup_batch_size (rows per decode step), groundup_kv_blocks_used and
-groundup_kv_blocks_total, groundup_sequences_aborted_total (clients that went away, shutdown).
+groundup_kv_blocks_total, groundup_sequences_aborted_total (clients that went away, shutdown),
+groundup_tool_calls_total{tool,outcome} (calls `serve --execute-tools` ran: ok or error).
 
 Each Server has its own CollectorRegistry (never the process-wide one). The gauges are read from the
 scheduler at scrape time; the rest is updated by the engine thread and the event loop (prometheus-client
@@ -115,6 +116,8 @@ class Metrics:
         self.steps = Counter("groundup_decode_steps", "Batched decode steps.", registry=r)
         self.batch = Histogram("groundup_batch_size", "Rows per decode step.", buckets=BATCH_BUCKETS, registry=r)
         self.aborted_sequences = Counter("groundup_sequences_aborted", "Sequences dropped unfinished.", registry=r)
+        self.tool_calls = Counter("groundup_tool_calls", "Tool calls the server ran (--execute-tools), by tool and "
+                                  "outcome (ok, error).", ("tool", "outcome"), registry=r)
         r.register(_Live(self))
 
     # ------------------------------------------------------------------ updates (the engine, the HTTP guard)
@@ -171,6 +174,10 @@ class Metrics:
 
     def aborted(self) -> None:
         self.aborted_sequences.inc()
+
+    def tool_call(self, tool: str, ok: bool) -> None:
+        """One call run by `serve --execute-tools`."""
+        self.tool_calls.labels(tool, "ok" if ok else "error").inc()
 
     # ------------------------------------------------------------------ exposition
 

@@ -66,7 +66,9 @@ def completion_logprobs(tt: TokenText, log: ChoiceLog, offset: int = 0) -> dict:
             out["top_logprobs"].append(None)
             continue
         out["token_logprobs"].append(lp)
-        ranked = {tt.string(i): v for i, v in (top or [])}
+        ranked: dict[str, float] = {}
+        for i, v in top or []:  # likeliest first: tokens that read the same (byte pieces: "\ufffd") keep the likeliest
+            ranked.setdefault(tt.string(i), v)
         ranked.setdefault(tt.string(t), lp)
         out["top_logprobs"].append(ranked)
     return out

@@ -6,7 +6,8 @@
 The base model is served as `name`, each adapter as its own name (the request's `model` field picks
 one); the base weights exist once (serve/adapters.py). With `allow_adapter_updates`, clients load and
 unload adapters while it serves (serve/adapter_updates.py: `updates`). With `arena_log`, people vote on blind
-battles between two of the served models, appended to that file (serve/votes.py: `arena`).
+battles between two of the served models, appended to that file (serve/votes.py: `arena`). With `tool_runner`,
+the server runs those tools itself for non-streamed chats (serve/tool_exec.py), up to `max_tool_calls` a request.
 """
 
 from __future__ import annotations
@@ -50,7 +51,8 @@ class Limits:
 class Server:
     def __init__(self, model, tokenizer, name: str = "groundup", adapters: dict[str, str | Path] | None = None,
                  limits: Limits | None = None, api_key: str | None = None, speculator=None,
-                 compile: bool = False, allow_adapter_updates: bool = False, arena_log: str | Path | None = None):
+                 compile: bool = False, allow_adapter_updates: bool = False, arena_log: str | Path | None = None,
+                 tool_runner=None, max_tool_calls: int = 4):
         self.model, self.tokenizer, self.name = model.eval(), tokenizer, name
         self.limits = limits or Limits()
         self.limits.validate()
@@ -76,6 +78,10 @@ class Server:
         self.started = False
         self.updates = AdapterUpdates(self) if allow_adapter_updates else None
         self.arena = None if arena_log is None else Arena(self, arena_log, models_can_change=allow_adapter_updates)
+        self.tool_runner = tool_runner  # a tools.ToolRunner: the tools run here (serve/tool_exec.py); None: none
+        if max_tool_calls < 1:
+            raise ConfigError(f"max_tool_calls = {max_tool_calls}: expected at least 1", key="max_tool_calls")
+        self.max_tool_calls = max_tool_calls  # executed calls per request before the model must answer in text
 
     def start(self) -> None:
         if not self.started:

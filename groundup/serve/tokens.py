@@ -17,13 +17,15 @@ import json
 from typing import Sequence
 
 from groundup.infer.prompts import PromptEncoder
-from groundup.tokenizer.tool_calls import CALL_CLOSE, CALL_OPEN
+from groundup.tokenizer.tool_calls import CALL_CLOSE, CALL_OPEN, call_text
 from groundup.serve.protocol import APIError, ChatMessage
 
 
-def _plain(i: int, m: ChatMessage) -> dict:
+def _plain(i: int, m: ChatMessage, renders_calls: bool = True) -> dict:
     """A message as chat templates read it: developer is system; a call's arguments are an object (Hugging
-    Face templates write them with `tojson`; groundup's writes them back with json.dumps' separators)."""
+    Face templates write them with `tojson`; groundup's writes them back with json.dumps' separators). For a
+    template that never reads `tool_calls` (SmolLM2's), the calls join the content as <tool_call> text, so
+    the model sees the calls its results answer and the template gets a string, never a missing content."""
     out = {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
     if m.tool_calls:
         out["content"] = m.text() or None
@@ -36,6 +38,9 @@ def _plain(i: int, m: ChatMessage) -> dict:
                 raise APIError(400, f"{where}: not JSON ({e})", param=where) from None
             out["tool_calls"].append({"id": call.id, "type": "function",
                                       "function": {"name": call.function.name, "arguments": arguments}})
+        if not renders_calls:
+            written = "\n".join(call_text(c) for c in out["tool_calls"])
+            out["content"] = (out["content"] + "\n" if out["content"] else "") + written
     if m.tool_call_id is not None:
         out["tool_call_id"] = m.tool_call_id
     if m.name is not None and m.role == "tool":
@@ -47,6 +52,7 @@ class TokenText:
     def __init__(self, tokenizer):
         self.tok = tokenizer
         self.prompts = PromptEncoder(tokenizer)  # the engine's one prompt path
+        self.renders_calls = "tool_calls" in (tokenizer.chat_template or "")  # else _plain writes them as text
         self._strings: dict[int, str] = {}
 
     # ------------------------------------------------------------------ text -> ids
@@ -56,15 +62,16 @@ class TokenText:
 
     def chat(self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True,
              tools: list[dict] | None = None) -> list[int]:
-        plain = [_plain(i, m) for i, m in enumerate(messages)]
+        plain = [_plain(i, m, self.renders_calls) for i, m in enumerate(messages)]
         try:
             return self.prompts.chat(plain, add_generation_prompt, tools)
         except Exception as e:  # noqa: BLE001 - DataError, or a Jinja template's own exception
             raise APIError(400, f"messages: {e}", param="messages") from None
 
     def tool_tag_ids(self) -> tuple[int, int] | None:
-        """The special tokens spelling <tool_call> and </tool_call>, where the tokenizer has them (Qwen's)."""
-        ids = self.prompts.specials.get(CALL_OPEN), self.prompts.specials.get(CALL_CLOSE)
+        """The single tokens spelling <tool_call> and </tool_call>, where the tokenizer has them (groundup's
+        tokenizers trained since the tool tokens, Qwen's): special or added (non-special) tokens alike."""
+        ids = self.tok.added_token_id(CALL_OPEN), self.tok.added_token_id(CALL_CLOSE)
         return ids if None not in ids else None
 
     def check_ids(self, ids: Sequence[int], param: str) -> list[int]:

@@ -14,16 +14,17 @@
     chat.py            groundup's chat format: special tokens, roles, rendering with the assistant-only loss mask
     chat_template.py   Jinja chat templates rendered as transformers renders them, and the loss mask they imply
     tool_calls.py      tool definitions, calls and results in a chat (Hermes tags), and calls parsed back, streamed
+    tool_tokens.py     the four tool tags as single tokens (TOOL_TOKENS), and chat text cut at the tags
     parallel.py        map_batches: a function over text batches on several processes, in order, bounded memory
     stats.py           bytes per token by domain, vocabulary use, the longest tokens
     commands.py        `groundup tokenizer train` and `groundup tokenizer stats`
 """
 
 from groundup.tokenizer.base import BaseTokenizer
-from groundup.tokenizer.chat import CHAT_ROLES, SPECIAL_TOKENS
+from groundup.tokenizer.chat import CHAT_ROLES, SPECIAL_TOKENS, TOOL_TOKENS
 from groundup.tokenizer.loading import load_tokenizer
 from groundup.tokenizer.tokenizer import Tokenizer
 from groundup.tokenizer.train import TokenizerConfig, train_tokenizer
 
-__all__ = ["BaseTokenizer", "CHAT_ROLES", "SPECIAL_TOKENS", "Tokenizer", "TokenizerConfig", "load_tokenizer",
-           "train_tokenizer"]
+__all__ = ["BaseTokenizer", "CHAT_ROLES", "SPECIAL_TOKENS", "TOOL_TOKENS", "Tokenizer", "TokenizerConfig",
+           "load_tokenizer", "train_tokenizer"]

@@ -18,9 +18,15 @@ picks the right one for a directory. What every backend promises:
     prefix_ids                        ids put before a plain document or prompt ([eot] for groundup's,
                                       what the post-processor adds for Hugging Face's, e.g. [bos])
     special_ids                       role -> id, e.g. {"bos": 1, "eot": 2, ...}
+    added_token_id(spelling)          the one token a template's spelling becomes (a special, or an added
+                                      token that is not special such as <tool_call>), None if it is text
     chat_template                     Jinja source or None
-    render_chat(messages, add_generation_prompt) -> (ids, loss_mask)
+    render_chat(messages, add_generation_prompt, tools) -> (ids, loss_mask)
                                       mask 1 on assistant content and the token(s) ending its turn
+    render_continuation(messages, new_messages, add_generation_prompt, tools) -> ids
+                                      what rendering new_messages after messages adds (a tool loop
+                                      appends results to a running generation with it); DataError
+                                      when the format would re-render the earlier turns
     save(directory), backend          "groundup" or "huggingface"
 """
 
@@ -80,6 +86,9 @@ class BaseTokenizer(abc.ABC):
     def is_special(self, token_id: int) -> bool:
         return token_id in self.special_token_ids
 
+    @abc.abstractmethod
+    def added_token_id(self, spelling: str) -> int | None: ...
+
     # ------------------------------------------------------------------ encoding and decoding
 
     @abc.abstractmethod
@@ -118,6 +127,10 @@ class BaseTokenizer(abc.ABC):
     @abc.abstractmethod
     def render_chat(self, messages: Sequence[dict], add_generation_prompt: bool = False,
                     tools: list[dict] | None = None) -> tuple[list[int], list[int]]: ...
+
+    @abc.abstractmethod
+    def render_continuation(self, messages: Sequence[dict], new_messages: Sequence[dict],
+                            add_generation_prompt: bool = True, tools: list[dict] | None = None) -> list[int]: ...
 
     @abc.abstractmethod
     def save(self, directory: str | os.PathLike) -> Path: ...

@@ -11,7 +11,12 @@ on assistant content and on the end-of-turn token that closes it (the model must
 Tools (tool_calls.py): with `tools`, their definitions join the system turn; an assistant message's
 `tool_calls` are written after its content as <tool_call>...</tool_call>; `tool` messages (results) are
 a user turn of <tool_response>...</tool_response> (consecutive ones share one turn). Calls are assistant
-text, so SFT learns them; results and definitions are not trained on.
+text, so SFT learns them; results and definitions are not trained on. The four tags are single tokens
+(TOOL_TOKENS, tool_tokens.py) where the tokenizer has them; the text they wrap stays text.
+
+`render_continuation(tok, messages, new_messages)` is the ids rendering `new_messages` after `messages`
+adds (a tool loop appends results and the next generation prompt to a running generation with it):
+each message is encoded on its own, so they are exactly the tail of rendering the whole conversation.
 
 Content is encoded with `Tokenizer.encode`, so a message that spells `<|user|>` cannot forge a turn.
 `CHAT_TEMPLATE` is the same format as a Jinja template for `tokenizer_config.json`; it renders the
@@ -26,7 +31,8 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from groundup.errors import DataError
 from groundup.tokenizer.tool_calls import (CALL_CLOSE, CALL_OPEN, RESPONSE_CLOSE, RESPONSE_OPEN, TOOLS_FOOTER,
-                                           TOOLS_HEADER, call_text, check_tools, response_text, tools_text)
+                                           TOOLS_HEADER, check_tools)
+from groundup.tokenizer.tool_tokens import TOOL_TOKENS, call_parts, response_parts, split_parts, tools_parts
 
 if TYPE_CHECKING:
     from groundup.tokenizer.tokenizer import Tokenizer
@@ -43,6 +49,8 @@ SPECIAL_TOKENS = {
     "assistant": "<|assistant|>",
     "end_of_turn": "<|end_of_turn|>",
 }
+__all__ = ["CHAT_ROLES", "ROLES", "SPECIAL_TOKENS", "TOOL_TOKENS", "chat_template", "check_messages",
+           "render_chat", "render_continuation", "with_tools"]
 
 
 def chat_template(names: dict[str, str] = SPECIAL_TOKENS) -> str:
@@ -105,46 +113,72 @@ def check_messages(messages: Any, where: str = "messages") -> None:
 
 def with_tools(messages: Sequence[dict], tools: list[dict] | None) -> list[dict]:
     """The conversation in the three roles the format has: tool definitions in the system turn, calls in
-    the assistant's text, results in a user turn (see the module docstring)."""
+    the assistant's text, results in a user turn (see the module docstring). Each message's text is its
+    `parts` (tool_tokens.py: the tags the format writes are Tags)."""
     out: list[dict] = []
     if tools:
         check_tools(tools)
         if messages[0]["role"] != "system":
-            out.append({"role": "system", "content": tools_text(tools)})
+            out.append({"role": "system", "parts": tools_parts(tools)})
     for m in messages:
         if m["role"] == "tool":
-            piece = response_text(m["content"])
+            piece = response_parts(m["content"])
             if out and out[-1].get("tool"):
-                out[-1]["content"] += "\n" + piece
+                out[-1]["parts"] += ["\n", *piece]
             else:
-                out.append({"role": "user", "content": piece, "tool": True})
+                out.append({"role": "user", "parts": piece, "tool": True})
             continue
         content = m.get("content") or ""
+        parts = [content] if content else []
         if m["role"] == "system" and tools:
-            content = (content + "\n\n" if content else "") + tools_text(tools)
-        calls = [call_text(c) for c in m.get("tool_calls") or []]
-        if calls:
-            content = (content + "\n" if content else "") + "\n".join(calls)
-        out.append({"role": m["role"], "content": content})
+            parts += (["\n\n"] if content else []) + tools_parts(tools)
+        for k, call in enumerate(m.get("tool_calls") or []):
+            parts += (["\n"] if content or k else []) + call_parts(call)
+        out.append({"role": m["role"], "parts": parts})
     return out
+
+
+def _encode_turns(tok: "Tokenizer", turns: list[dict], add_generation_prompt: bool) -> tuple[list[int], list[int]]:
+    """Each turn as its role token, its text (tags as their ids), end of turn; mask 1 on the assistant's."""
+    role_ids = {"system": tok.system_id, "user": tok.user_id, "assistant": tok.assistant_id}
+    pieces = [split_parts(t["parts"], tok.tool_ids) for t in turns]
+    texts = iter(tok.encode_batch([p for turn in pieces for p in turn if isinstance(p, str)]))
+    ids, mask = [], []
+    for turn, turn_pieces in zip(turns, pieces):
+        learn = 1 if turn["role"] == "assistant" else 0
+        ids.append(role_ids[turn["role"]])
+        mask.append(0)
+        start = len(ids)
+        for piece in turn_pieces:
+            ids.extend(next(texts) if isinstance(piece, str) else [piece])
+        ids.append(tok.end_of_turn_id)
+        mask.extend([learn] * (len(ids) - start))
+    if add_generation_prompt:
+        ids.append(tok.assistant_id)
+        mask.append(0)
+    return ids, mask
 
 
 def render_chat(tok: "Tokenizer", messages: Sequence[dict], add_generation_prompt: bool = False,
                 tools: list[dict] | None = None) -> tuple[list[int], list[int]]:
     """Token ids and loss mask (same length) for a conversation; see the module docstring."""
     check_messages(messages)
-    messages = with_tools(messages, tools)
-    role_ids = {"system": tok.system_id, "user": tok.user_id, "assistant": tok.assistant_id}
-    contents = tok.encode_batch([m["content"] for m in messages])
-    ids, mask = [tok.bos_id], [0]
-    for message, content in zip(messages, contents):
-        learn = 1 if message["role"] == "assistant" else 0
-        ids.append(role_ids[message["role"]])
-        mask.append(0)
-        ids.extend(content)
-        ids.append(tok.end_of_turn_id)
-        mask.extend([learn] * (len(content) + 1))
-    if add_generation_prompt:
-        ids.append(tok.assistant_id)
-        mask.append(0)
-    return ids, mask
+    ids, mask = _encode_turns(tok, with_tools(messages, tools), add_generation_prompt)
+    return [tok.bos_id, *ids], [0, *mask]
+
+
+def render_continuation(tok: "Tokenizer", messages: Sequence[dict], new_messages: Sequence[dict],
+                        add_generation_prompt: bool = True, tools: list[dict] | None = None) -> list[int]:
+    """The ids rendering `new_messages` after `messages` adds (all of it when `messages` is empty): exactly
+    render_chat(messages + new_messages)[len(render_chat(messages)):]. DataError when the earlier turns would
+    render differently: a tool result right after one that `messages` ends with joins its turn."""
+    check_messages(new_messages, "new_messages")
+    if not messages:
+        return render_chat(tok, new_messages, add_generation_prompt, tools)[0]
+    check_messages(messages)
+    before = with_tools(messages, tools)
+    turns = with_tools([*messages, *new_messages], tools)
+    if turns[: len(before)] != before:
+        raise DataError("new_messages: a tool result that follows the tool result `messages` ends with joins its "
+                        "user turn, which is already rendered; pass all the results of one assistant turn together")
+    return _encode_turns(tok, turns[len(before):], add_generation_prompt)[0]

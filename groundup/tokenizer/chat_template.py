@@ -2,6 +2,7 @@
 
     text = render_template(template, messages, add_generation_prompt=True, variables={"bos_token": "<s>", ...})
     ids, mask = render_chat_ids(template, messages, encode, add_generation_prompt=False, variables=...)
+    more = continuation_text(template, messages, new_messages, variables=..., end_of_turn="<|im_end|>")
 
 The environment is transformers' (`apply_chat_template`): Jinja2's ImmutableSandboxedEnvironment
 with trim_blocks and lstrip_blocks, the loopcontrols extension, `raise_exception`, `strftime_now`,
@@ -15,6 +16,10 @@ between render(messages[:i]) + generation prompt and render(messages[:i+1]), i.e
 the token(s) that close its turn. Each bound is the longest common token prefix of that partial
 rendering with the full one, so a template that re-renders earlier turns differently (some strip
 reasoning from old turns) still gets a sensible span rather than an error.
+
+A continuation (what rendering new messages after a conversation adds, for a tool loop that appends
+results to a running generation) is the text of the whole conversation past the text of the earlier one;
+a template whose earlier text changes when messages follow is a DataError, since nothing can be appended.
 """
 
 from __future__ import annotations
@@ -123,3 +128,30 @@ def render_chat_ids(template: str, messages: Any, encode: Callable[[str], list[i
         start, end = _common_prefix(before, ids), _common_prefix(through, ids)
         mask[start:end] = [1] * max(0, end - start)
     return ids, mask
+
+
+def continuation_text(template: str, messages: Any, new_messages: Any, add_generation_prompt: bool = True,
+                      variables: dict[str, str] | None = None, tools: list[dict] | None = None,
+                      end_of_turn: str | None = None) -> str:
+    """The text rendering `new_messages` after `messages` adds (all of it when `messages` is empty).
+
+    When `messages` ends with an assistant turn whose text ends in the `end_of_turn` spelling and then only
+    whitespace (ChatML's "<|im_end|>\n"), that whitespace opens the continuation: a generation stops at the
+    end-of-turn token, so it was never sampled. DataError when the template renders the earlier turns
+    differently once `new_messages` follow (some drop the reasoning of old turns)."""
+    new = check_chat_messages(new_messages, "new_messages")
+    if not messages:
+        return render_template(template, new, add_generation_prompt, variables, tools)
+    old = check_chat_messages(messages)
+    before = render_template(template, old, False, variables, tools)
+    after = render_template(template, old + new, add_generation_prompt, variables, tools)
+    if not after.startswith(before):
+        at = next((i for i, (a, b) in enumerate(zip(before, after)) if a != b), min(len(before), len(after)))
+        raise DataError(f"chat template: it re-renders earlier turns once new_messages follow (character {at}: "
+                        f"{before[at:at + 40]!r} becomes {after[at:at + 40]!r}), so nothing can be appended to them")
+    cut = len(before)
+    if end_of_turn and old[-1]["role"] == "assistant":
+        end = before.rfind(end_of_turn)
+        if end >= 0 and not before[end + len(end_of_turn):].strip():
+            cut = end + len(end_of_turn)
+    return after[cut:]

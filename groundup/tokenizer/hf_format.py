@@ -103,7 +103,7 @@ def derive_merges(tokens: list[bytes]) -> tuple[list[bytes], list[tuple[bytes, b
 
 
 def build_tokenizer_json(tokens: list[bytes], merges: list[tuple[bytes, bytes]], specials: list[str],
-                         pattern: str, prefix: str) -> str:
+                         pattern: str, prefix: str, added: list[str] = ()) -> str:
     """Serialize with the `tokenizers` library itself, so the file is exactly its own format."""
     from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
     from tokenizers import Tokenizer as HFTokenizer
@@ -118,6 +118,8 @@ def build_tokenizer_json(tokens: list[bytes], merges: list[tuple[bytes, bytes]],
     hf.decoder = decoders.ByteLevel()
     # Added in order, they take the ids right after the vocabulary.
     hf.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in specials])
+    # Then `added` (the tool tags): matched whole in any text, but not special, so decoding shows them.
+    hf.add_tokens([AddedToken(s, special=False, normalized=False) for s in added])
     # groundup puts the end-of-text id before every plain prompt (the context each training document
     # starts in); the post-processor adds it too, as Llama 3's adds its begin-of-text, so a transformers,
     # vLLM or llama.cpp user who tokenizes with the defaults gives the model the same context.
@@ -153,9 +155,9 @@ def _post_processor_prefix(post: object, specials: dict[str, int], bad) -> str |
     return prefix
 
 
-def parse_tokenizer_json(text: str, where: str) -> tuple[list[bytes], dict[str, int], str, str | None]:
+def parse_tokenizer_json(text: str, where: str) -> tuple[list[bytes], dict[str, int], str, str | None, dict[str, int]]:
     """Read (tokens in id order, special name -> id, split regex, the special its post-processor puts
-    before a text or None) from a tokenizer.json string.
+    before a text or None, added non-special token -> id in id order) from a tokenizer.json string.
 
     Only the structure groundup writes is accepted (byte-level BPE, one Split regex, no
     normalizer, merges in id order), because only for that is the fast encoder provably equal.
@@ -199,12 +201,14 @@ def parse_tokenizer_json(text: str, where: str) -> tuple[list[bytes], dict[str, 
         a, b = merge.split(" ") if isinstance(merge, str) else merge
         if vocab.get(a + b) != 256 + k:
             raise bad(f"merge {k} ({a!r}, {b!r}) does not build token {256 + k}; merges must be in id order")
-    specials = {}
+    specials, plain = {}, {}
     for added in data.get("added_tokens") or []:
-        if added.get("special") is True:
-            specials[added["content"]] = added["id"]
+        (specials if added.get("special") is True else plain)[added["content"]] = added["id"]
     if sorted(specials.values()) != list(range(len(tokens), len(tokens) + len(specials))):
         raise bad("special tokens must take the ids right after the vocabulary")
+    first = len(tokens) + len(specials)
+    if sorted(plain.values()) != list(range(first, first + len(plain))):
+        raise bad("added tokens that are not special must take the ids right after the special tokens")
     prefix = _post_processor_prefix(data.get("post_processor"), specials, bad)
-    return tokens, specials, pattern, prefix
+    return tokens, specials, pattern, prefix, dict(sorted(plain.items(), key=lambda kv: kv[1]))
 

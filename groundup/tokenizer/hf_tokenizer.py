@@ -35,7 +35,7 @@ from groundup.io import atomic_write_json, atomic_write_text, parse_json
 from groundup.layout import (HF_GENERATION_CONFIG_FILE, HF_SPECIAL_TOKENS_FILE, HF_TOKENIZER_CONFIG_FILE,
                              TOKENIZER_FILE)
 from groundup.tokenizer.base import BaseTokenizer, check_texts, replace_surrogates
-from groundup.tokenizer.chat_template import render_chat_ids, render_template
+from groundup.tokenizer.chat_template import continuation_text, render_chat_ids, render_template
 from groundup.tokenizer.hf_files import HFTokenizerFiles, read_hf_tokenizer_dir
 from groundup.tokenizer.hf_format import unicode_to_byte
 
@@ -176,6 +176,11 @@ class HFTokenizer(BaseTokenizer):
     def special_token_ids(self) -> frozenset[int]:
         return self._special
 
+    def added_token_id(self, spelling: str) -> int | None:
+        """The id of the added token (special or not, e.g. Qwen2.5's <tool_call>) spelled `spelling`, else None."""
+        token_id = self._chat.token_to_id(spelling)
+        return token_id if token_id in self._added else None
+
     @property
     def chat_template(self) -> str | None:
         return self.files.chat_template
@@ -278,3 +283,14 @@ class HFTokenizer(BaseTokenizer):
             raise DataError(f"{self.files.where}: no chat template ({HF_TOKENIZER_CONFIG_FILE} has no chat_template)")
         return render_chat_ids(self.chat_template, messages, self.encode_rendered, add_generation_prompt,
                                self.token_strings, tools)
+
+    def render_continuation(self, messages: Sequence[dict], new_messages: Sequence[dict],
+                            add_generation_prompt: bool = True, tools: list[dict] | None = None) -> list[int]:
+        """The ids rendering `new_messages` after `messages` adds: the template's text for the whole conversation
+        past its text for `messages` (from the end-of-turn token that closes a last assistant turn), encoded;
+        DataError when the template re-renders earlier turns (chat_template.continuation_text)."""
+        if self.chat_template is None:
+            raise DataError(f"{self.files.where}: no chat template ({HF_TOKENIZER_CONFIG_FILE} has no chat_template)")
+        end = self._added.get(self.end_of_turn_id) if self.end_of_turn_id is not None else None
+        return self.encode_rendered(continuation_text(self.chat_template, messages, new_messages, add_generation_prompt,
+                                                      self.token_strings, tools, end))

@@ -9,8 +9,12 @@
 
 Ids: 0-255 are the single bytes (id == byte value), then one id per merge in merge order, then the
 special tokens (`SPECIAL_TOKENS` order): begin/end of text, pad, system, user, assistant, end of
-turn. Every byte string round-trips (`decode_bytes(encode_bytes(b)) == b`); `encode` takes a str,
-and lone surrogates (which no UTF-8 text can hold) are encoded as U+FFFD.
+turn, then the four tool tags (`TOOL_TOKENS`: <tool_call>, </tool_call>, <tool_response>,
+</tool_response>; a tokenizer saved before them has none and writes the tags as text). The tool tags
+are not special (tool_tokens.py): decoding shows them with skip_special_tokens, `token_bytes` counts
+their spelling, and, like the specials, `encode` never yields them. Every byte string round-trips
+(`decode_bytes(encode_bytes(b)) == b`); `encode` takes a str, and lone surrogates (which no UTF-8
+text can hold) are encoded as U+FFFD.
 
 Encoding uses tiktoken built from the same ranks and split regex, over 10x faster than
 `tokenizers` here and token-identical to the saved `tokenizer.json` (see `hf_format`; the tests
@@ -40,7 +44,7 @@ from groundup.io import atomic_write_json, atomic_write_text, read_text
 from groundup.layout import TOKENIZER_FILE, TOKENIZER_META_FILE as META_FILE
 from groundup.tokenizer import chat
 from groundup.tokenizer.base import BaseTokenizer, check_texts, replace_surrogates
-from groundup.tokenizer.chat import SPECIAL_TOKENS
+from groundup.tokenizer.chat import SPECIAL_TOKENS, TOOL_TOKENS
 from groundup.tokenizer.hf_files import read_json_object
 from groundup.tokenizer.hf_format import build_tokenizer_json, derive_merges, parse_tokenizer_json
 
@@ -51,8 +55,9 @@ class Tokenizer(BaseTokenizer):
     backend = "groundup"
 
     def __init__(self, tokens: Sequence[bytes], pattern: str, special_names: dict[str, str] = SPECIAL_TOKENS,
-                 meta: dict | None = None):
-        """`tokens` in id order (ids 0-255 the single bytes); specials follow in `special_names` order."""
+                 meta: dict | None = None, tool_names: dict[str, str] = TOOL_TOKENS):
+        """`tokens` in id order (ids 0-255 the single bytes); specials follow in `special_names` order, then
+        the tool tags in `tool_names` order (empty: a tokenizer saved before them)."""
         import tiktoken
 
         self.tokens = list(tokens)
@@ -61,11 +66,16 @@ class Tokenizer(BaseTokenizer):
         self.pattern = pattern
         self.special_names = dict(special_names)
         self.specials = {name: len(self.tokens) + i for i, name in enumerate(self.special_names.values())}
+        self.tool_names = dict(tool_names)
+        first_tool = len(self.tokens) + len(self.specials)
+        self.tool_ids = {name: first_tool + i for i, name in enumerate(self.tool_names.values())}  # spelling -> id
         self.meta = dict(meta or {})
         ranks = {t: i for i, t in enumerate(self.tokens)}
         if len(ranks) != len(self.tokens):
             raise DataError("tokenizer: the vocabulary holds a token twice")
-        self._enc = tiktoken.Encoding("groundup", pat_str=pattern, mergeable_ranks=ranks, special_tokens=self.specials)
+        # tiktoken's "special" tokens are those plain encoding never yields: the specials and the tool tags.
+        self._enc = tiktoken.Encoding("groundup", pat_str=pattern, mergeable_ranks=ranks,
+                                      special_tokens={**self.specials, **self.tool_ids})
         ids = {role: self.specials[name] for role, name in self.special_names.items()}
         self.bos_id, self.pad_id = ids["bos"], ids["pad"]
         self.eot_id = ids["eot"]  # end of text: separates documents in token shards (eos_id is its alias)
@@ -91,7 +101,7 @@ class Tokenizer(BaseTokenizer):
                             "made by 'groundup tokenizer train')")
         meta_path = file.parent / META_FILE
         meta = read_json_object(meta_path) if meta_path.is_file() else {}
-        tokens, specials, pattern, prefix = parse_tokenizer_json(read_text(file), str(file))
+        tokens, specials, pattern, prefix, added = parse_tokenizer_json(read_text(file), str(file))
         names = meta.get("special_tokens") or SPECIAL_TOKENS
         if (not isinstance(names, dict) or set(names) != set(SPECIAL_TOKENS)
                 or not all(isinstance(n, str) for n in names.values())):
@@ -104,7 +114,12 @@ class Tokenizer(BaseTokenizer):
             raise DataError(f"{file}: special tokens are not in the expected order {list(names.values())}")
         if prefix is not None and prefix != names["eot"]:
             raise DataError(f"{file}: its post-processor puts {prefix} before a text; groundup's puts {names['eot']}")
-        tok = cls(tokens, pattern, names, meta)
+        tools = meta.get("tool_tokens") or TOOL_TOKENS
+        if not isinstance(tools, dict) or not all(isinstance(n, str) for n in tools.values()):
+            raise DataError(f"{meta_path}: tool_tokens: expected an object of role -> spelling")
+        if added and list(added) != list(tools.values()):
+            raise DataError(f"{file}: its added tokens {list(added)} are not the tool tags {list(tools.values())}")
+        tok = cls(tokens, pattern, names, meta, tools if added else {})  # none: saved before the tool tags
         if meta.get("hash") and meta["hash"] != tok.hash:
             raise DataError(f"{file}: tokenizer hash {tok.hash} differs from {meta['hash']} recorded in "
                             f"{meta_path.name}: the file was changed after it was written")
@@ -114,7 +129,7 @@ class Tokenizer(BaseTokenizer):
         """The standard `tokenizer.json` text."""
         _, merges = derive_merges(self.tokens)
         return build_tokenizer_json(self.tokens, merges, list(self.special_names.values()), self.pattern,
-                                    prefix=self.special_names["eot"])
+                                    prefix=self.special_names["eot"], added=list(self.tool_names.values()))
 
     def save(self, directory: str | os.PathLike) -> Path:
         """Write `tokenizer.json` and `groundup_tokenizer.json` into `directory` (each atomically)."""
@@ -123,7 +138,8 @@ class Tokenizer(BaseTokenizer):
         atomic_write_text(directory / TOKENIZER_FILE, self.to_json())
         meta = {**self.meta, "format": "groundup-tokenizer", "version": 1, "hash": self.hash,
                 "vocab_size": self.vocab_size, "special_tokens": self.special_names,
-                "special_ids": self.special_ids, "pattern": self.pattern, "chat_template": self.chat_template}
+                "special_ids": self.special_ids, "tool_tokens": self.tool_names, "pattern": self.pattern,
+                "chat_template": self.chat_template}
         atomic_write_json(directory / META_FILE, meta)  # written last: its hash vouches for the file
         return directory
 
@@ -131,14 +147,17 @@ class Tokenizer(BaseTokenizer):
 
     @property
     def vocab_size(self) -> int:
-        return len(self.tokens) + len(self.specials)
+        return len(self.tokens) + len(self.specials) + len(self.tool_ids)
 
     @property
     def hash(self) -> str:
-        """16 hex digits of sha256 over the tokens, the specials and the split regex."""
+        """16 hex digits of sha256 over the tokens, the specials, the tool tags and the split regex (a
+        tokenizer without tool tags hashes as it did before they existed)."""
         if not hasattr(self, "_hash"):
-            canon = json.dumps({"pattern": self.pattern, "tokens": [t.hex() for t in self.tokens],
-                                "specials": self.specials}, sort_keys=True)
+            parts = {"pattern": self.pattern, "tokens": [t.hex() for t in self.tokens], "specials": self.specials}
+            if self.tool_ids:
+                parts["tools"] = self.tool_ids
+            canon = json.dumps(parts, sort_keys=True)
             self._hash = hashlib.sha256(canon.encode()).hexdigest()[:16]
         return self._hash
 
@@ -150,8 +169,12 @@ class Tokenizer(BaseTokenizer):
     def special_token_ids(self) -> frozenset[int]:
         return frozenset(self.specials.values())
 
+    def added_token_id(self, spelling: str) -> int | None:
+        """The id of a special token or tool tag spelled `spelling` (None: not one)."""
+        return self.specials.get(spelling, self.tool_ids.get(spelling))
+
     def is_special(self, token_id: int) -> bool:
-        return token_id >= len(self.tokens)  # the specials follow the vocabulary
+        return len(self.tokens) <= token_id < len(self.tokens) + len(self.specials)  # they follow the vocabulary
 
     @property
     def stop_ids(self) -> frozenset[int]:
@@ -162,7 +185,7 @@ class Tokenizer(BaseTokenizer):
         return [self.eot_id]
 
     def __reduce__(self):  # rebuilt from its parts in a worker process (spawn pickles it)
-        return (Tokenizer, (self.tokens, self.pattern, self.special_names, self.meta))
+        return (Tokenizer, (self.tokens, self.pattern, self.special_names, self.meta, self.tool_names))
 
     def __repr__(self) -> str:
         return f"Tokenizer(vocab_size={self.vocab_size}, hash={self.hash})"
@@ -203,8 +226,8 @@ class Tokenizer(BaseTokenizer):
 
     def decode_bytes(self, ids: Any, skip_special_tokens: bool = False) -> bytes:
         ids = self.check_ids(ids)
-        if skip_special_tokens:
-            ids = [i for i in ids if i < len(self.tokens)]
+        if skip_special_tokens:  # the tool tags are not special: they stay, as Hugging Face's added tokens do
+            ids = [i for i in ids if not self.is_special(i)]
         return self._enc.decode_bytes(ids)
 
     def decode(self, ids: Any, skip_special_tokens: bool = False) -> str:
@@ -212,13 +235,15 @@ class Tokenizer(BaseTokenizer):
         return self.decode_bytes(ids, skip_special_tokens).decode("utf-8", errors="replace")
 
     def token_bytes(self) -> np.ndarray:
-        """UTF-8 bytes per id (0 for special tokens): the denominator of bits-per-byte."""
+        """UTF-8 bytes per id (0 for special tokens, a tool tag its spelling): the denominator of bits-per-byte."""
         lengths = np.zeros(self.vocab_size, dtype=np.int32)
         lengths[: len(self.tokens)] = [len(t) for t in self.tokens]
+        for name, i in self.tool_ids.items():
+            lengths[i] = len(name.encode())
         return lengths
 
     def id_to_bytes(self, token_id: int) -> bytes:
-        """The bytes of one token; a special token's are its spelling (b"<|user|>")."""
+        """The bytes of one token; a special token's or tool tag's are its spelling (b"<|user|>", b"<tool_call>")."""
         return self.decode_bytes([token_id])
 
     # ------------------------------------------------------------------ chat
@@ -227,3 +252,8 @@ class Tokenizer(BaseTokenizer):
                     tools: list[dict] | None = None) -> tuple[list[int], list[int]]:
         """(ids, loss mask) of a conversation; the mask is 1 on assistant content and its end of turn."""
         return chat.render_chat(self, messages, add_generation_prompt, tools)
+
+    def render_continuation(self, messages: Sequence[dict], new_messages: Sequence[dict],
+                            add_generation_prompt: bool = True, tools: list[dict] | None = None) -> list[int]:
+        """The ids rendering `new_messages` after `messages` adds (chat.render_continuation: exact)."""
+        return chat.render_continuation(self, messages, new_messages, add_generation_prompt, tools)

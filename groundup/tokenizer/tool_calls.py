@@ -11,7 +11,8 @@ too), in plain text inside the usual turns, so every groundup tokenizer can carr
 call is the message's content), and `ToolCallStream` does it as text streams in: content goes out as it
 arrives, a call only once its closing tag is read, whole, so a streamed `delta.tool_calls` never holds
 half a JSON argument string. The same parser reads Hugging Face models whose templates use the Hermes
-tags (Qwen2.5, Hermes).
+tags (Qwen2.5, Hermes), and one tag holding a JSON list of calls
+(SmolLM2's function-calling format) is those calls in order.
 """
 
 from __future__ import annotations
@@ -79,15 +80,22 @@ def response_text(content: str) -> str:
     return RESPONSE_OPEN + content + RESPONSE_CLOSE
 
 
-def _call(body: str) -> ToolCall | None:
-    try:
-        value = json.loads(body)
-    except json.JSONDecodeError:
-        return None
+def _one(value) -> ToolCall | None:
     if not isinstance(value, dict) or not isinstance(value.get("name"), str):
         return None
     arguments = value.get("arguments", value.get("parameters", {}))
     return ToolCall(value["name"], arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False))
+
+
+def _calls(body: str) -> list[ToolCall] | None:
+    """The calls in one tag: a call object, or a JSON list of them (SmolLM2's and xLAM's format,
+    `<tool_call>[{"name": ..., "arguments": ...}, ...]</tool_call>`); None when it is not that."""
+    try:
+        value = json.loads(body)
+    except json.JSONDecodeError:
+        return None
+    calls = [_one(v) for v in value] if isinstance(value, list) else [_one(value)]
+    return calls if calls and None not in calls else None
 
 
 def parse_tool_calls(text: str) -> tuple[str, list[ToolCall]]:
@@ -128,12 +136,12 @@ class ToolCallStream:
             if end < 0:
                 self.buffer = self.buffer[start:]
                 return out
-            call = _call(self.buffer[start + len(CALL_OPEN) : end].strip())
-            if call is None:  # not a call after all: show it as text
+            calls = _calls(self.buffer[start + len(CALL_OPEN) : end].strip())
+            if calls is None:  # not a call after all: show it as text
                 out += self.buffer[start : end + len(CALL_CLOSE)]
             else:
-                self.calls.append(call)
-                self.new_calls.append(call)
+                self.calls.extend(calls)
+                self.new_calls.extend(calls)
                 self.after_call = True
             self.buffer = self.buffer[end + len(CALL_CLOSE):]
 

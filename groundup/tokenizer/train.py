@@ -6,8 +6,8 @@
 
 The trainer sees text exactly as the encoder will: split by the same regex, mapped to byte-level
 characters, with all 256 bytes in the initial alphabet (so no byte is ever unknown). Special tokens
-are not given to the trainer; they are appended after the learned vocabulary, so `vocab_size`
-counts them: 256 bytes + merges + 7 specials = vocab_size.
+and the tool tags are not given to the trainer; they are appended after the learned vocabulary, so
+`vocab_size` counts them: 256 bytes + merges + 7 specials + 4 tool tags = vocab_size.
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ from typing import Iterable, Iterator, Literal
 
 from groundup.config import fail
 from groundup.errors import DataError
-from groundup.tokenizer.chat import SPECIAL_TOKENS
+from groundup.tokenizer.chat import SPECIAL_TOKENS, TOOL_TOKENS
 from groundup.tokenizer.hf_format import PATTERN_NAMES, split_pattern, unicode_to_byte
 from groundup.tokenizer.tokenizer import Tokenizer
 
-MIN_VOCAB = 256 + len(SPECIAL_TOKENS)
+MIN_VOCAB = 256 + len(SPECIAL_TOKENS) + len(TOOL_TOKENS)
 MAX_VOCAB = 1 << 21  # 2M: far past any open model; a typo (1e9) must fail here, not abort the Rust trainer
 
 
@@ -44,7 +44,8 @@ class TokenizerConfig:
             fail("pattern", self.pattern, f"one of {', '.join(PATTERN_NAMES)}")
         if self.vocab_size < MIN_VOCAB:
             fail("vocab_size", self.vocab_size,
-                 f"at least {MIN_VOCAB} (256 byte tokens + {len(SPECIAL_TOKENS)} special tokens)")
+                 f"at least {MIN_VOCAB} (256 byte tokens + {len(SPECIAL_TOKENS)} special tokens + "
+                 f"{len(TOOL_TOKENS)} tool tags)")
         if self.vocab_size > MAX_VOCAB:
             fail("vocab_size", self.vocab_size, f"at most {MAX_VOCAB:,}")
         if not 1 <= self.digit_group <= 9:
@@ -124,7 +125,7 @@ def train_tokenizer(texts: Iterable[str], cfg: TokenizerConfig | None = None, pr
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
     ])
     trainer = trainers.BpeTrainer(
-        vocab_size=cfg.vocab_size - len(SPECIAL_TOKENS),
+        vocab_size=cfg.vocab_size - len(SPECIAL_TOKENS) - len(TOOL_TOKENS),
         min_frequency=cfg.min_frequency,
         show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),

@@ -271,7 +271,8 @@ class DistributedConfig:
     # model.n_experts; data parallelism (ddp or fsdp) stays over every process.
     ep: int = 1
     # Pipeline parallelism (train/pipeline.py): the blocks split into `pp` stages on consecutive groups of
-    # processes, FSDP2 (or HSDP) over the processes / pp of a stage; 1 = off. Needs strategy fsdp or hsdp.
+    # processes, each stage tensor-parallel over tp (if > 1), then FSDP2 (or HSDP) over the processes /
+    # (pp x tp) of a stage; 1 = off. Needs strategy fsdp or hsdp.
     pp: int = 1
     pp_schedule: Literal["1f1b", "interleaved_1f1b", "gpipe"] = "1f1b"  # gpipe: every forward, then every backward
     pp_microbatches: int = 0  # pipeline micro-batches per loader batch (train.batch_size splits); 0: pp
@@ -309,9 +310,8 @@ def _pipeline_problem(c: DistributedConfig) -> tuple | None:
     if c.pp > 1 and c.strategy == "ddp":
         return "pp", c.pp, ("1 unless distributed.strategy is 'fsdp' or 'hsdp' (each stage shards over its "
                             "data-parallel group)")
-    if c.pp > 1 and (c.tp > 1 or c.ep > 1):
-        return "pp", c.pp, ("1 when distributed.tp or distributed.ep > 1 (pipeline stages are not tensor- or "
-                            "expert-parallel here)")
+    if c.pp > 1 and c.ep > 1:
+        return "pp", c.pp, "1 when distributed.ep > 1 (pipeline stages are not expert-parallel here)"
     if c.pp_microbatches < 0:
         return "pp_microbatches", c.pp_microbatches, "0 (= distributed.pp) or a positive count"
     if c.pp > 1 and c.pp_schedule != "gpipe" and 0 < c.pp_microbatches < c.pp:

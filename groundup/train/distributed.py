@@ -252,11 +252,11 @@ def wrap(model: nn.Module, d: Dist, mp_policy=None, find_unused: bool = False) -
     if d.strategy == "fsdp":
         from torch.distributed.fsdp import fully_shard
 
+        kwargs = {"mesh": d.dp_mesh, **({"mp_policy": mp_policy} if mp_policy is not None else {})}
+        if d.pp > 1:  # this process's pipeline stages (pipeline.py): each tensor-parallel, then sharded over dp
+            return shard_stages(model, d.mesh["tp"] if d.tp > 1 else None, d.sequence_parallel, **kwargs)
         if d.tp > 1:
             tensor_parallel(model, d.mesh["tp"], d.sequence_parallel)
-        kwargs = {"mesh": d.dp_mesh, **({"mp_policy": mp_policy} if mp_policy is not None else {})}
-        if d.pp > 1:  # this process's pipeline stages (pipeline.py), each sharded over its data-parallel mesh
-            return shard_stages(model, **kwargs)
         if experts:
             kwargs["ignored_params"] = {p for n, p in model.named_parameters() if n in experts}
         for block in model.blocks:
@@ -298,7 +298,9 @@ def total_norm(grads: list[torch.Tensor], pp: int = 1) -> float:
     world = dist.get_world_size() // pp
     squares = torch.zeros((), dtype=torch.float64, device=grads[0].device)
     for g in grads:
-        local, holders = g, world
+        # A tied embedding's gradient under pipelining is held by the first and the last stage (pipeline.py)
+        copies = getattr(g, "pp_copies", 1)
+        local, holders = g, world * copies
         if hasattr(g, "device_mesh"):
             if any(p.is_partial() for p in g.placements):  # not yet summed over a mesh dimension: sum it
                 from torch.distributed.tensor import Replicate
@@ -309,7 +311,7 @@ def total_norm(grads: list[torch.Tensor], pp: int = 1) -> float:
             for size, placement in zip(g.device_mesh.shape, g.placements):
                 # _StridedShard (FSDP over tensor-parallel shards) is a shard too, though not is_shard()
                 shards *= size if placement.is_shard() or hasattr(placement, "split_factor") else 1
-            holders = world // shards
+            holders = world // shards * copies
         squares += torch.linalg.vector_norm(local, dtype=torch.float32).double().square() / holders
     dist.all_reduce(squares)
     return float(squares) ** 0.5

@@ -92,7 +92,7 @@ def check_tp(model_cfg, tp: int, seq_len: int | None = None, sequence_parallel: 
 
 def split_fused(model: nn.Module) -> None:
     """Replace every fused projection by a SplitLinear of its parts (same values, new parameter names)."""
-    for block in model.blocks:
+    for block in _blocks(model):
         attn, mlp = block.attn, block.mlp
         H, K, D = attn.n_heads, attn.n_kv_heads, attn.head_dim
         attn.qkv_proj = SplitLinear(attn.qkv_proj, FUSED["qkv_proj"], [H * D, K * D, K * D])
@@ -101,8 +101,15 @@ def split_fused(model: nn.Module) -> None:
             mlp.gate_up_proj = SplitLinear(mlp.gate_up_proj, FUSED["gate_up_proj"], [half, half])
 
 
+def _blocks(model: nn.Module) -> list[nn.Module]:
+    """The blocks in order: a Transformer's ModuleList, or a pipeline stage's ModuleDict keyed by layer index."""
+    return list(model.blocks.values() if isinstance(model.blocks, nn.ModuleDict) else model.blocks)
+
+
 def tensor_parallel(model: nn.Module, tp_mesh, sequence_parallel: bool = False) -> None:
-    """Shard `model`'s blocks over `tp_mesh` in place (call before fully_shard over the dp mesh)."""
+    """Shard `model`'s blocks over `tp_mesh` in place (call before fully_shard over the dp mesh). `model`: a
+    Transformer, or a pipeline stage (its own blocks: with sequence parallelism its first block splits the
+    sequence and its last gathers it back)."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleOutput,
                                                    RowwiseParallel, SequenceParallel, parallelize_module)
@@ -114,7 +121,8 @@ def tensor_parallel(model: nn.Module, tp_mesh, sequence_parallel: bool = False) 
     # Without sequence parallelism the residual stream is whole on every tp process; with it, split by
     # sequence, and the row-parallel projections reduce-scatter into that split.
     row = RowwiseParallel(output_layouts=seq) if sequence_parallel else RowwiseParallel()
-    for i, block in enumerate(model.blocks):
+    blocks = _blocks(model)
+    for i, block in enumerate(blocks):
         attn, mlp = block.attn, block.mlp
         plan = {"attn.o_proj": row, "mlp.down_proj": row}
         for name in FUSED["qkv_proj"]:
@@ -139,7 +147,7 @@ def tensor_parallel(model: nn.Module, tp_mesh, sequence_parallel: bool = False) 
             parallelize_module(block, tp_mesh, PrepareModuleInput(
                 input_layouts=(Replicate(), None, None, None, None),
                 desired_input_layouts=(seq, None, None, None, None), use_local_output=True))
-        if sequence_parallel and i == len(model.blocks) - 1:  # the whole sequence for the final norm and loss
+        if sequence_parallel and i == len(blocks) - 1:  # the whole sequence for the final norm and loss
             # The gathered output is a view (DTensor.to_local), which FSDP warns about in case it is then
             # modified in place; Transformer.forward only reads it (norm, loss).
             warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
@@ -152,7 +160,11 @@ def tensor_parallel(model: nn.Module, tp_mesh, sequence_parallel: bool = False) 
 
 
 def split_names(model: nn.Module) -> dict[str, tuple[tuple[str, ...], list[int]]]:
-    """Fused projection name -> (part names, part row counts) for each SplitLinear in `model` (none: {})."""
+    """Fused projection name -> (part names, part row counts) for each SplitLinear in `model` (none: {}); a
+    pipelined model's `split_layout` names every stage's (pipeline.shard_stages)."""
+    whole = getattr(model, "split_layout", None)
+    if whole:
+        return whole
     return {name: (m.names, m.sizes) for name, m in model.named_modules() if isinstance(m, SplitLinear)}
 
 

@@ -10,9 +10,18 @@ Stages. The `n_layers` blocks are cut into pp x v equal stages (v = `distributed
 2 by default for interleaved 1F1B, else 1); process p of the pipeline holds stages p, p + pp, ... (the
 looped order ScheduleInterleaved1F1B expects). Stage 0 also holds the embedding; the last stage the
 final norm and the output layer, and returns float32 logits that `loss_fn` turns into the step's
-loss. Each stage is a `StageModule` built from the whole model's own modules (no tracing), sharded
-with FSDP2 (each block, then the stage) over the stage's data-parallel mesh, and driven by a
-`PipelineStage` and one of ScheduleGPipe, Schedule1F1B, ScheduleInterleaved1F1B.
+loss. Each stage is a `StageModule` built from the whole model's own modules (no tracing), its
+blocks tensor-parallel over the stage's tp mesh when `distributed.tp` > 1 (parallelize.py, each
+stage on its own), then sharded with FSDP2 (each block, then the stage) over the stage's
+data-parallel mesh, and driven by a `PipelineStage` and one of ScheduleGPipe, Schedule1F1B,
+ScheduleInterleaved1F1B.
+
+Tied embeddings (model.tie_embeddings). The first and the last stage each hold the embedding matrix
+(the last as its output layer), under the one name `embed.weight`, sharded alike. After each step's
+backward their gradients are summed over a group of the two ends' processes at the same data- and
+tensor-parallel coordinate (`tied_group`, `sync_tied_grads`), so both copies take the one-process
+model's update and stay equal; the gradient norm counts that gradient once, and checkpoints hold it
+once (DCP keeps one of two identical shards).
 
 Names. `PipelineModel` is what the training state holds: this process's embedding, blocks (an
 nn.ModuleDict keyed by the layer's index), norm and output layer registered under the whole model's
@@ -33,8 +42,7 @@ for GPipe and 1F1B with m micro-batches per step, and (p - 1) / (v m + p - 1) fo
 with v stages per process. Each logged step carries that (`pp_bubble`) and the measured idle share
 (`pp_idle`: 1 - the time in stage forward/backward over the schedule's wall time, mean over processes).
 
-Not pipelined here: tied embeddings (the first and last stage would share a weight), mixture-of-
-experts layers, tensor or expert parallelism inside a stage, meta-device initialisation,
+Not pipelined here: mixture-of-experts layers, expert parallelism, meta-device initialisation,
 torch.compile, validation during training (evaluate a checkpoint instead), and objectives other
 than pretraining's next-token loss. Each is refused, naming the key.
 """
@@ -42,6 +50,7 @@ than pretraining's next-token loss. Each is refused, naming the key.
 from __future__ import annotations
 
 import math
+import re
 import time
 from dataclasses import dataclass
 
@@ -55,6 +64,7 @@ from groundup.errors import ConfigError
 from groundup.model.attention import build_mask
 from groundup.model.loss import IGNORE_INDEX, cross_entropy_with_z
 from groundup.model.transformer import Transformer
+from groundup.train.parallelize import split_names, tensor_parallel
 
 
 def virtual_stages(dc) -> int:
@@ -84,10 +94,6 @@ def check_pp(cfg, model_cfg) -> None:
             key = "distributed.pp_virtual_stages" if v > 1 else "distributed.pp"
             raise ConfigError(f"distributed.pp x virtual stages = {dc.pp} x {v} must divide model.n_layers "
                               f"({model_cfg.n_layers}): every stage holds the same number of blocks", key=key)
-        if model_cfg.tie_embeddings:
-            raise ConfigError("distributed.pp > 1 with model.tie_embeddings = true: the first and last stage would "
-                              "share the embedding matrix; untie it (model.tie_embeddings = false)",
-                              key="model.tie_embeddings")
         if model_cfg.n_experts:
             raise ConfigError("distributed.pp > 1 with model.n_experts > 0: mixture-of-experts layers are not "
                               "pipelined here (their balancing spans every stage); use distributed.ep",
@@ -131,7 +137,8 @@ class StageModule(nn.Module):
         super().__init__()
         self.cfg, self.stage_index = model.cfg, index
         self.is_first, self.is_last = index == 0, index == total - 1
-        self.embed = model.embed if self.is_first else None
+        # Tied embeddings: the last stage holds its own copy of the embedding matrix as its output layer.
+        self.embed = model.embed if self.is_first or (self.is_last and model.lm_head is None) else None
         self.blocks = nn.ModuleDict({str(i): model.blocks[i] for i in layers})
         self.norm = model.norm if self.is_last else None
         self.lm_head = model.lm_head if self.is_last else None
@@ -142,7 +149,7 @@ class StageModule(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Tokens (first stage) or hidden states in; hidden states out, or float32 logits (last stage)."""
         cfg = self.cfg
-        if self.embed is not None:
+        if self.is_first:
             x = self.embed(x)
             if cfg.embed_scale:
                 x = x * math.sqrt(cfg.d_model)
@@ -158,7 +165,7 @@ class StageModule(nn.Module):
             return x
         if self.norm is not None:
             x = self.norm(x)
-        logits = F.linear(x, self.lm_head.weight).float()
+        logits = F.linear(x, (self.embed if self.lm_head is None else self.lm_head).weight).float()
         cap = cfg.final_logit_softcap
         return cap * torch.tanh(logits / cap) if cap else logits
 
@@ -170,7 +177,8 @@ class PipelineModel(nn.Module):
         super().__init__()
         self.cfg, self.layout = model.cfg, layout
         first, last = any(p.is_first for p in parts), any(p.is_last for p in parts)
-        self.embed = model.embed if first else None
+        self.tied = model.lm_head is None  # the first and last stage each hold `embed.weight`
+        self.embed = model.embed if first or (last and self.tied) else None
         blocks = sorted(((k, b) for p in parts for k, b in p.blocks.items()), key=lambda kv: int(kv[0]))
         self.blocks = nn.ModuleDict(blocks)
         self.norm = model.norm if last else None
@@ -205,15 +213,66 @@ def pipeline_model(model: nn.Module, d, cfg, objective) -> PipelineModel:
     return PipelineModel(model, parts, layout)
 
 
-def shard_stages(pm: PipelineModel, **kwargs) -> PipelineModel:
-    """FSDP2 (or HSDP, by the mesh in `kwargs`) on each block, then on each stage: each stage is an FSDP root."""
+def shard_stages(pm: PipelineModel, tp_mesh=None, sequence_parallel: bool = False, **kwargs) -> PipelineModel:
+    """Tensor parallelism over `tp_mesh` (when given) on each stage's blocks, then FSDP2 (or HSDP, by the mesh
+    in `kwargs`) on each block and on each stage: each stage is an FSDP root."""
     from torch.distributed.fsdp import fully_shard
 
+    if tp_mesh is not None:
+        # Each stage is parallelised on its own: with sequence parallelism its first block splits the
+        # sequence and its last gathers it back, so stages pass whole hidden states to each other.
+        for part in pm.parts:
+            tensor_parallel(part, tp_mesh, sequence_parallel)
+        # Checkpoints name every stage's split projections (meta.json's layout is written by one process):
+        # every block splits alike, so this stage's blocks give the pattern for all of them.
+        local = split_names(pm)
+        pm.split_layout = {re.sub(r"^blocks\.\d+\.", f"blocks.{i}.", k): v
+                           for i in range(pm.cfg.n_layers) for k, v in local.items()}
     for part in pm.parts:
         for block in part.blocks.values():
             fully_shard(block, **kwargs)
         fully_shard(part, **kwargs)
     return pm
+
+
+# ----------------------------------------------------------------------------- tied embeddings
+
+
+def tied_group(pm: PipelineModel, d):
+    """The group of this process and its partner at the pipeline's other end holding the tied embedding
+    (the first and last stage's processes at the same data- and tensor-parallel coordinate); None when
+    the embeddings are untied or this process holds neither end. Collective: every process calls it."""
+    if not pm.tied:
+        return None
+    inner = d.processes // d.pp  # the mesh's pp dimension is outermost: stage s's processes are s*inner ...
+    group, _ = dist.new_subgroups_by_enumeration([[j, (d.pp - 1) * inner + j] for j in range(inner)])
+    return group if pm.embed is not None else None
+
+
+def sync_tied_grads(pm: PipelineModel, group) -> None:
+    """Sum the embedding's gradient over the first and last stage, so both copies take the same update.
+
+    Both ends shard the matrix over the same data-parallel mesh, so the local shards line up and one
+    all-reduce of them is the whole sum. The gradient is then marked as held twice, so the gradient
+    norm (distributed.total_norm) counts it once."""
+    if group is None:
+        return
+    grad = pm.embed.weight.grad
+    with torch.no_grad():
+        dist.all_reduce(grad.to_local() if hasattr(grad, "to_local") else grad, group=group)
+    grad.pp_copies = 2
+
+
+def tied_copies_differ(pm: PipelineModel, group) -> float:
+    """The largest difference between this process's copy of the tied embedding and its partner's (0.0
+    when they are equal, or with no partner). Collective over `group` (see tied_group)."""
+    if group is None:
+        return 0.0
+    w = pm.embed.weight
+    mine = (w.to_local() if hasattr(w, "to_local") else w).detach()
+    theirs = [torch.empty_like(mine) for _ in range(2)]
+    dist.all_gather(theirs, mine.contiguous(), group=group)
+    return float((theirs[0] - theirs[1]).abs().max())
 
 
 # ----------------------------------------------------------------------------- the step
@@ -227,6 +286,7 @@ class _Runtime:
 
         layout = pm.layout
         total = layout.pp * layout.v
+        self.tied = tied_group(pm, d)
         self.stages = [PipelineStage(p, p.stage_index, total, d.device, group=d.pp_group) for p in pm.parts]
         self.has_first = any(p.is_first for p in pm.parts)
         self.z_coef = pm.cfg.z_loss_coef
@@ -286,6 +346,7 @@ def pipeline_step(state, micro: list, n_total: float) -> tuple[dict[str, torch.T
         else:
             rt.schedule.step(target=targets, return_outputs=False)
     wall = time.perf_counter() - started
+    sync_tied_grads(pm, rt.tied)
     on = d.device if d.device.type == "cuda" else torch.device("cpu")
     # The first step's shape inference calls loss_fn on placeholder data first: the step's own calls come last.
     records = rt.records[-rt.microbatches:] if any(p.is_last for p in pm.parts) else []
