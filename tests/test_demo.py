@@ -14,7 +14,7 @@ import pytest
 
 from groundup.cli import main
 
-MODEL = {"d_model": 64, "n_layers": 2, "n_heads": 4, "d_ff": 128, "max_seq_len": 128}
+MODEL = {"d_model": 64, "n_layers": 2, "n_heads": 4, "d_ff": 128, "max_seq_len": 1024}  # a tool-use chat is ~830 tokens of this tokenizer
 MICRO = ["limit_per_source=40", "math_count=300", "chat_math_count=300", "chunk_chars=3000",
          "tokenizer.vocab_size=400", *[f"pretrain.model.{k}={v}" for k, v in MODEL.items()],
          "pretrain.train.seq_len=64", "pretrain.train.batch_size=8", "pretrain.eval.max_batches=2",
@@ -30,7 +30,7 @@ MICRO = ["limit_per_source=40", "math_count=300", "chat_math_count=300", "chunk_
          # A 40-chunk slice holds one or two works: holding out whole works would leave no text on one side.
          'tokenize.split_group=""', 'tokenizer.holdout_group=""',
          "short_budget=run"]  # the budget is spent at once: run every stage for its few steps anyway
-STAGES = ["sample", "chat", "curate", "tokenizer", "tokenize", "untrained", "measure", "score_untrained", "pretrain", "export_base", "score_base", "samples",
+STAGES = ["sample", "chat", "tool_chat", "curate", "tokenizer", "tokenize", "untrained", "measure", "score_untrained", "pretrain", "export_base", "score_base", "samples",
           "sft", "export_sft", "score_sft", "align", "export_aligned", "score_aligned", "quantize",
           "score_aligned-int8", "arena"]
 ROWS = ["untrained", "base", "sft", "aligned", "aligned-int8"]
@@ -82,6 +82,9 @@ def test_the_report_card_has_a_row_per_model_with_every_measure(demo_dir):
         assert 0 <= r["end_turn"] <= 1 and 0 <= r["exact_match_strict"] <= r["exact_match_lenient"] <= 1
         assert r["math_problems"] == 8 and r["mc_items"] == 8 and set(r["mc_tasks"]) == {"arc_easy"}
         assert -3 <= r["mc_centered"] <= 1 and r["decode_tokens_per_s"] > 0
+        # the tool row: held-out arithmetic asked with calculator and python, the model's calls run
+        assert r["tool_problems"] == 8 and 0 <= r["tool_exact_match_strict"] <= 1
+        assert 0 <= r["tool_called"] <= 1 and 0 <= r["tool_calls_ok"] <= 1
     assert row(demo_dir, "base")["native_exact_match_strict"] is not None
     # int8 keeps embeddings in full precision but stores every projection in a quarter of the bytes,
     # and changes the model's predictions very little.
@@ -92,7 +95,7 @@ def test_the_report_card_has_a_row_per_model_with_every_measure(demo_dir):
     report = (demo_dir / "report.md").read_text()
     for heading in ("## Time per stage", "## Time budget", "## The models", "## Curation",
                     "## Tokenizer and token shards", "## Model", "## Training", "## Fine-tuning and alignment",
-                    "## Conversations before and after alignment", "## Samples", "## Arena", "![loss](plots/loss.png)",
+                    "## Conversations before and after alignment", "## Samples", "## Arena", "### Tool use", "![loss](plots/loss.png)",
                     "![sft_loss](plots/sft_loss.png)", "![align](plots/align.png)"):
         assert heading in report, heading
     table = report.split("## The models")[1].split("\n\n")[1]

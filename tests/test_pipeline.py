@@ -134,36 +134,57 @@ def test_interleaved_1f1b_two_virtual_stages_per_process(single, tmp_path):
     assert_matches(tmp_path / "single-then-pp", ref, 6)
 
 
-def test_tied_embeddings_two_stages_match_one_process_and_load_into_one(single_tied, tmp_path):
+@pytest.mark.parametrize("processes, batch, options", [
+    (2, 4, []),
+    (4, 2, ["distributed.pp_microbatches=2"]),  # PP 2 x FSDP 2: the copies' shards are summed shard by shard
+], ids=["pp2", "pp2-dp2"])
+def test_tied_embeddings_two_stages_match_one_process_and_load_into_one(single_tied, tmp_path, processes, batch,
+                                                                        options):
     """The first and last stage each hold `embed.weight`; their gradients are summed, so both copies stay equal."""
     shards, ref = single_tied
     run = tmp_path / "pp2-tied"
-    pipelined(shards, run, 2, 4, "distributed.pp=2", "distributed.pp_schedule=1f1b", model=TIED, worker=True)
+    pipelined(shards, run, processes, batch, "distributed.pp=2", "distributed.pp_schedule=1f1b", *options,
+              model=TIED, worker=True)
     assert_matches(run, ref)
     # After the 10th update both ends' copies are bit-identical (each process compared with its partner).
-    assert [json.loads((run / f"tied_diff_{r}.json").read_text()) for r in (0, 1)] == [[True, 0.0], [True, 0.0]]
+    diffs = [json.loads((run / f"tied_diff_{r}.json").read_text()) for r in range(processes)]
+    assert diffs == [[True, 0.0]] * processes
     step = run / "checkpoints" / f"step_{STEPS:07d}"
     names = set(load_file(step / "model.safetensors"))
     assert "embed.weight" in names and "lm_head.weight" not in names  # one name, the one-process model's
     assert names == set(load_file(ref / "checkpoints" / step.name / "model.safetensors"))
 
+    if processes == 4:
+        return
     # Its step-5 checkpoint, resumed by one process (tied), takes the same steps 6-10.
     rewind(run, tmp_path / "pp-tied-then-single", 5)
     train(tiny_config(shards, *COMMON, *TIED, "distributed.pp=1"), tmp_path / "pp-tied-then-single", resume=True)
     assert_matches(tmp_path / "pp-tied-then-single", ref, 6)
 
 
-def test_pp2_x_tp2_on_four_processes(single_tied, tmp_path):
+@pytest.mark.parametrize("options", [
+    ["distributed.pp_schedule=1f1b"],
+    # 4 stages of one block; each splits the sequence over its tp pair and gathers it back for the next stage
+    ["distributed.pp_schedule=interleaved_1f1b", "distributed.sequence_parallel=true"],
+], ids=["1f1b", "interleaved-sequence-parallel"])
+def test_pp2_x_tp2_on_four_processes(single_tied, tmp_path, options):
     """A (pp 2, dp 1, tp 2) mesh: each stage's blocks split over its tp pair; tied embeddings on top."""
     shards, ref = single_tied
     run = tmp_path / "pp2tp2"
-    s = pipelined(shards, run, 4, 4, "distributed.pp=2", "distributed.tp=2", model=TIED)
+    s = pipelined(shards, run, 4, 4, "distributed.pp=2", "distributed.tp=2", *options, model=TIED)
     assert (s["pp"], s["tp"], s["world_size"], s["processes"]) == (2, 2, 1, 4)
     assert_matches(run, ref)
-    meta = read_checkpoint_meta(run / "checkpoints" / f"step_{STEPS:07d}")["sharded"]
+    step = run / "checkpoints" / f"step_{STEPS:07d}"
     # Every stage's split projections are named, so the consolidated model holds only fused names.
-    assert sorted(meta["split_projections"]) == [f"blocks.{i}.{p}" for i in range(4)
-                                                  for p in ("attn.qkv_proj", "mlp.gate_up_proj")]
+    assert sorted(read_checkpoint_meta(step)["sharded"]["split_projections"]) == sorted(
+        f"blocks.{i}.{p}" for i in range(4) for p in ("attn.qkv_proj", "mlp.gate_up_proj"))
+    assert set(load_file(step / "model.safetensors")) == set(load_file(ref / "checkpoints" / step.name /
+                                                                       "model.safetensors"))
+    if "distributed.pp_schedule=1f1b" in options:  # its step-5 shards, resumed by one process
+        rewind(run, tmp_path / "pp-tp-then-single", 5)
+        train(tiny_config(shards, *COMMON, *TIED, "distributed.pp=1", "distributed.tp=1"),
+              tmp_path / "pp-tp-then-single", resume=True)
+        assert_matches(tmp_path / "pp-tp-then-single", ref, 6)
 
 
 def test_bubble_fraction():

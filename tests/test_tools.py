@@ -47,6 +47,8 @@ def _python(expression: str) -> str:
     """Python's own answer (eval of our own generated text, in a namespace of the five functions)."""
     value = eval(expression, {"__builtins__": {}}, {"sqrt": math.sqrt, "abs": abs, "round": round, "min": min,
                                                       "max": max})
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2 ** 53:  # shown as a calculator shows it
+        return str(int(value))
     return str(value)
 
 

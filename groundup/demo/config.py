@@ -27,8 +27,10 @@ WORKS = "work"
 
 # The demo's model: sized for a 2-core CPU and a 15-minute budget (docs/demo-recipe.md).
 # Small and fast wins at this budget: more tokens through a smaller model beat a wider or deeper one.
+# Pretraining reads 128-token windows; the context is 512 so that a tool-use conversation (the tools'
+# definitions alone are ~300 tokens) fits, and SFT trains the longer positions.
 DEMO_MODEL = {"preset": "tiny", "d_model": 128, "n_layers": 4, "n_heads": 4, "n_kv_heads": 2, "d_ff": 384,
-              "max_seq_len": 128, "tie_embeddings": True}
+              "max_seq_len": 512, "tie_embeddings": True}
 
 
 def _pretrain() -> TrainConfig:
@@ -90,7 +92,8 @@ class SampleConfig:
 def _sft() -> SFTConfig:
     # Full fine-tuning (the model is small); replay: DemoConfig.replay_fraction.
     return from_dict(SFTConfig, {
-        "train": {"batch_size": 16, "seq_len": 128, "max_steps": 2000, "threads": -1},  # max_steps: a first guess
+        # 4 rows of 512 tokens (the 2,048 tokens a step of 16 x 128 had): a tool-use conversation fits a row
+        "train": {"batch_size": 4, "seq_len": 512, "max_steps": 2000, "threads": -1},  # max_steps: a first guess
         "schedule": {"kind": "wsd", "peak_lr": 1e-3, "min_lr": 1e-4, "warmup_steps": 10, "decay_fraction": 0.3},
         "sft": {"eval_generations": 64, "eval_max_new_tokens": 48},  # scaled with the budget, as the scorecard
         "eval": {"every": 500},
@@ -162,6 +165,9 @@ class DemoConfig:
     # Numbers within the 20 times table: arithmetic a model of this size can learn in minutes, so
     # SFT and alignment have something to improve (the generator goes up to 999 with 0).
     math_max_operand: int = 20
+    # Tool-use conversations (arithmetic through the calculator or python) for SFT, as a share of
+    # chat_math_count; the report card asks held-out arithmetic with the tools run for the model. 0 = none.
+    tool_chat_share: float = 0.1
     # Share of every SFT batch drawn from the pretraining shards, so the base's held-out bits per
     # byte stay within a few percent (docs/demo-recipe.md).
     replay_fraction: float = 0.2
@@ -196,6 +202,8 @@ class DemoConfig:
     def validate(self) -> None:
         if self.budget_minutes <= 0:
             fail("budget_minutes", self.budget_minutes, "a positive number of minutes")
+        if not 0 <= self.tool_chat_share <= 1:
+            fail("tool_chat_share", self.tool_chat_share, "a share in [0, 1] (0 = no tool-use chats)")
         for key in ("chunk_chars", "math_count", "chat_math_count"):
             if getattr(self, key) < 1:
                 fail(key, getattr(self, key), "a positive integer")

@@ -38,6 +38,7 @@ class PostStages:
         self.runner = demo.runner
         self.scale = budget_scale(self.cfg.budget_minutes)
         self._chats: dict | None = None
+        self._tool_chats: list | None = None
         self.costs: Costs | None = None  # set once the machine and the untrained model's row are measured
         self.limits: dict[str, float] = {}  # each training stage's final time limit
         self.last_model = self.out / "models" / "base"
@@ -55,6 +56,23 @@ class PostStages:
                                      load_model_config(first).max_seq_len)
         return self._chats
 
+    def tool_chats(self) -> list:
+        """The held-out arithmetic every model answers with tools (none when the demo made no tool chats):
+        those whose whole conversation fits the models' context."""
+        if self._tool_chats is None:
+            held = self.out / "chat-tools" / "chat-tools-math.heldout.jsonl"
+            first = self.out / "models" / "untrained"
+            n = scaled(self.cfg.scorecard.tool_problems, self.scale) if self.cfg.scorecard.tool_problems else 0
+            self._tool_chats = []
+            if n and held.is_file():
+                tok, context = load_tokenizer(first / "tokenizer"), load_model_config(first).max_seq_len
+                for ex in iter_examples([held], ReadStats(), []):
+                    if len(self._tool_chats) == n:
+                        break
+                    if len(tok.render_chat(ex.messages, tools=ex.tools)[0]) <= context:
+                        self._tool_chats.append(ex)
+        return self._tool_chats
+
     def score(self, name: str, model: Path, native_math: bool = False) -> dict:
         """The report-card row of `model` (OUT/scorecard/NAME.json); a dearer row than any before raises the
         price of the rows still to come."""
@@ -62,7 +80,7 @@ class PostStages:
 
         def row() -> dict:
             found = score_model(model, tokens=self.out / "tokens", chats=self.chats(), cfg=self.cfg.scorecard,
-                                scale=self.scale, native_math=native_math)
+                                scale=self.scale, native_math=native_math, tool_chats=self.tool_chats())
             path.parent.mkdir(exist_ok=True)
             atomic_write_json(path, {"name": name, **found})
             return {"seconds": found["seconds"]}
@@ -105,6 +123,8 @@ class PostStages:
         cfg.sft.replay_shards = str(o / "tokens")
         cfg.sft.replay_fraction = c.replay_fraction
         cfg.sft.data = [str(o / "chat" / f"chat-{d}.jsonl") for d in CHAT_DOMAINS]
+        if (o / "chat-tools" / "chat-tools-math.jsonl").is_file():  # arithmetic through the calculator
+            cfg.sft.data.append(str(o / "chat-tools" / "chat-tools-math.jsonl"))
         cfg.sft.eval_data = [str(o / "chat" / "chat-math.heldout.jsonl")]
         cfg.sft.eval_generations = scaled(cfg.sft.eval_generations, self.scale)
         config = self.demo.config_file("sft", cfg)

@@ -2,6 +2,7 @@
 
     OUT/raw/            the embedded corpus as JSONL                        (groundup data sample)
     OUT/chat/           conversations for fine-tuning, held-out files apart (groundup data sample --chat)
+    OUT/chat-tools/     arithmetic through the calculator or python         (groundup data sample --chat --tools)
     OUT/curated/        filtered, deduplicated, mixed shards                (groundup data curate)
     OUT/tokenizer/      byte-level BPE                                      (groundup tokenizer train)
     OUT/tokens/         token shards; whole Shakespeare works held out      (groundup data tokenize)
@@ -187,6 +188,12 @@ class Demo:
             self.runner.run("chat", "Chat data for fine-tuning", [count, c.math_max_operand, c.seed, limit],
                             [o / "chat"], lambda: self.verb("data", "sample", "--chat", "--out", o / "chat",
                                                             "--math-count", count, *math, *limit))
+            if c.tool_chat_share:  # the same questions' stream, solved by calling the calculator or python
+                tools = max(200, round(count * c.tool_chat_share))
+                self.runner.run("tool_chat", "Tool-use chat data: arithmetic through the calculator or python",
+                                [tools, c.math_max_operand, c.seed, limit], [o / "chat-tools"],
+                                lambda: self.verb("data", "sample", "--chat", "--tools", "--domains", "math", "--out",
+                                                  o / "chat-tools", "--math-count", tools, *math, *limit))
         self.runner.run("curate", "Curate: filter, deduplicate, redact, mix", to_toml(c.curate), [o / "curated"],
                         lambda: self.verb("data", "curate", "--input", o / "raw", "--out", o / "curated",
                                           "--config", self.config_file("curate", c.curate)))

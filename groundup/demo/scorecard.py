@@ -11,7 +11,10 @@
   (eval/harness.py, nanochat's CORE centring: 0 is chance, 1 is perfect);
 - the weights' size on disk and greedy decode speed (tokens/s, one sequence);
 - for the base model, exact match when asked in its pretraining format, the fair measure of what
-  pretraining alone gives (it has never seen the chat template).
+  pretraining alone gives (it has never seen the chat template);
+- with the demo's tool chats: held-out arithmetic answered with the calculator and python run for the
+  model (posttrain/chat_eval.py's tool_chat_metrics): exact match, the share of replies that called a
+  tool, and the share of calls that ran without error.
 
 The item counts are given for a 15-minute demo and scale with the budget (`scale`), so a 3-minute
 demo spends the same share of its time on evaluation; every model of one demo sees the same items.
@@ -33,7 +36,8 @@ from groundup.eval.perplexity import evaluate as perplexity
 from groundup.infer import Generator
 from groundup.layout import resolve_model_dir
 from groundup.loading import load_for_inference
-from groundup.posttrain.chat_eval import chat_metrics, chat_replies, native_math_metrics
+from groundup.posttrain.chat_eval import chat_metrics, chat_replies, native_math_metrics, tool_chat_metrics
+from groundup.tools import ToolRunner, resolve_tools
 
 
 @dataclass
@@ -46,6 +50,8 @@ class ScorecardConfig:
     decode_tokens: int = 64  # tokens generated greedily to measure decoding speed (tokens/s)
     bpb_batches: int = 32  # validation batches of 8 x context tokens per domain (at a 15-minute budget)
     conversations: int = 2  # sample conversations kept per domain (shown before and after alignment)
+    tool_problems: int = 60  # held-out arithmetic answered with tools (at a 15-minute budget; 0 = no tool row)
+    max_tool_calls: int = 2  # tool calls in one held-out answer, at most
 
 
 def scaled(n: int, scale: float, least: int = 8) -> int:
@@ -90,7 +96,7 @@ def decode_speed(model, tokenizer, tokens: int) -> float:
 
 
 def score_model(path: str | Path, *, tokens: str | Path, chats: dict[str, list], cfg: ScorecardConfig,
-                scale: float, native_math: bool = False) -> dict:
+                scale: float, native_math: bool = False, tool_chats: list | None = None) -> dict:
     """The report card's row for the model at `path` (see the module docstring)."""
 
     started = time.perf_counter()
@@ -121,6 +127,13 @@ def score_model(path: str | Path, *, tokens: str | Path, chats: dict[str, list],
         row["native_exact_match_strict"] = native.get("exact_match_strict")
         row["native_exact_match_lenient"] = native.get("exact_match_lenient")
         lap("native_math")
+    if tool_chats:
+        tools = tool_chat_metrics(model, tok, tool_chats, ToolRunner(resolve_tools("calculator,python")),
+                                  cfg.max_new_tokens, cfg.max_tool_calls)
+        row["tool_exact_match_strict"] = tools.get("exact_match_strict")
+        row["tool_called"], row["tool_calls_ok"] = tools.get("called"), tools.get("calls_ok")
+        row["tool_problems"] = tools.get("answered", 0)
+        lap("tools")
     try:
         wheel_root()
     except DataError as e:  # `pip install -e .` without the eval wheel: the card says why the column is empty

@@ -69,14 +69,18 @@ class ChatSession:
     def reset(self) -> None:
         self.messages = [{"role": "system", "content": self.system}] if self.system else []
 
-    def reply(self, text: str) -> Iterator[str]:
-        """Stream the assistant's answer to `text`; the exchange joins the history once complete."""
+    def _ask(self, text: str) -> None:
+        """The user's message joins the history, the oldest exchanges leaving to make room (none if it cannot fit)."""
         self.messages.append({"role": "user", "content": text})
         try:
             self._trim_history()
         except DataError:
             self.messages.pop()
             raise
+
+    def reply(self, text: str) -> Iterator[str]:
+        """Stream the assistant's answer to `text`; the exchange joins the history once complete."""
+        self._ask(text)
         pieces = []
         for piece in self.generator.chat(self.messages, self.sampling):
             pieces.append(piece)
@@ -86,12 +90,7 @@ class ChatSession:
     def reply_with_tools(self, text: str, show: Callable[[str], None]) -> str:
         """The final answer to `text` after the tool loop; `show` gets each call, result and piece of text as
         it happens (`show_event`). The calls, results and answer join the history."""
-        self.messages.append({"role": "user", "content": text})
-        try:
-            self._trim_history()
-        except DataError:
-            self.messages.pop()
-            raise
+        self._ask(text)
         rollout = generate_with_tools(self.generator, [list(self.messages)], self.runner,
                                       max_tool_calls=self.max_tool_calls, seed=self.sampling.seed,
                                       on_event=EventPrinter(show), sampling=self.sampling)[0]

@@ -261,8 +261,8 @@ def _pipeline_notes(cfg: TrainConfig, setup) -> tuple[list[str], bool]:
              f"{setup.pp}, distributed.pp_schedule = '{setup.pp_schedule}'"]
     ok = True
     if cfg.model.tie_embeddings:
-        notes.append("groundup's pipeline needs untied embeddings (model.tie_embeddings = false)")
-        ok = False
+        notes.append("tied embeddings: the first and last stage each hold the embedding matrix, their gradients "
+                     "summed every step")
     if cfg.model.n_experts:
         notes.append("groundup does not pipeline mixture-of-experts layers")
         ok = False

@@ -16,17 +16,13 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
 import torch
 
 from groundup.config import load_config
 from groundup.plan.estimate import predict_memory
-from groundup.plan.measure import process_wide_accounting, span, track_peak
+from groundup.plan.measure import process_wide_accounting, span, torchrun_json, track_peak
 from groundup.tokens.loader import Batch
 from groundup.train.config import TrainConfig
 from groundup.train.distributed import init_distributed
@@ -122,16 +118,8 @@ def _all(value: float, d) -> list[float]:
 def launch(names: list[str] | None = None, steps: int = 2, timeout: float = 600) -> dict:
     """Run the worker under torchrun with PROCESSES processes; returns the JSON object it wrote."""
     root = Path(__file__).resolve().parents[2]
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "layouts.json"
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(PROCESSES),
-               "-m", "groundup.plan.layouts", "--json-out", str(out), "--steps", str(steps),
-               *(names or list(LAYOUTS))]
-        env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
-        result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
-        if result.returncode != 0 or not out.exists():
-            raise RuntimeError(f"torchrun failed ({result.returncode}):\n{result.stderr[-4000:]}")
-        return json.loads(out.read_text())
+    return torchrun_json(["-m", "groundup.plan.layouts", "--steps", str(steps), *(names or list(LAYOUTS))],
+                         PROCESSES, timeout, pythonpath=str(root))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -27,7 +27,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import subprocess
+import sys
 import tempfile
+from pathlib import Path
 from dataclasses import dataclass, field
 
 
@@ -151,3 +154,18 @@ def span(name: str):
     from torch.profiler import record_function
 
     return record_function(f"plan:{name}")
+
+
+def torchrun_json(program: list[str], processes: int, timeout: float = 600, pythonpath: str | None = None) -> dict:
+    """Run `program` (a script path or `-m module`, then its flags) under torchrun with `processes` gloo
+    processes, one thread each, and return the JSON object it writes to the file given as `--json-out`."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "result.json"
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(processes),
+               *program, "--json-out", str(out)]
+        env = {**os.environ, "OMP_NUM_THREADS": "1", **({"PYTHONPATH": pythonpath} if pythonpath else {})}
+        result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+        if result.returncode != 0 or not out.exists():
+            raise RuntimeError(f"torchrun failed ({result.returncode}):\n{result.stderr[-4000:]}")
+        return json.loads(out.read_text())
+

@@ -60,7 +60,22 @@ def scorecard_section(rows: list[dict]) -> list[str]:
         notes.append(f"The base model has never seen the chat template; asked in its pretraining format "
                      f"(`Question: ...\\nSolution:`) its exact match is {_pct(base['native_exact_match_strict'])} "
                      f"strict, {_pct(base.get('native_exact_match_lenient'))} lenient.")
-    return out + [" ".join(notes), ""]
+    return out + [" ".join(notes), ""] + _tool_table(rows)
+
+
+def _tool_table(rows: list[dict]) -> list[str]:
+    """Held-out arithmetic answered with the calculator and python run for the model (demo/scorecard.py)."""
+    rows = [r for r in rows if r.get("tool_problems")]
+    if not rows:
+        return []
+    table = [[f"**{r['name']}**", _pct(r.get("tool_exact_match_strict")), _pct(r.get("tool_called")),
+              _pct(r.get("tool_calls_ok"))] for r in rows]
+    header = ["model", "arithmetic EM with tools (strict)", "replies that called a tool", "calls that ran"]
+    return (["### Tool use", ""] + markdown_table(header, table)
+            + [f"{rows[0]['tool_problems']} held-out arithmetic conversations asked with `calculator` and `python` "
+               "defined; the model's calls run and their results join the conversation (at most "
+               "`scorecard.max_tool_calls` a reply); exact match reads the final reply's `Answer:` line. "
+               "Calls that ran: parsed, named a tool and ran without error.", ""])
 
 
 def budget_section(budget: dict, stages: dict) -> list[str]:

@@ -3,7 +3,9 @@
 What it accepts: int and float literals, + - * / // % **, unary minus and plus, parentheses, and the
 functions sqrt, abs, round, min, max. Anything else (a name, an attribute, a subscript, a string, a
 comparison, a keyword argument) is refused with the reason. Each operation gives what Python's own
-arithmetic gives (the answer is written as `str` of Python's result), within bounds that keep one
+arithmetic gives (the answer is written as `str` of Python's result, except that a float with a whole
+value below 2**53 is written as that integer, as a calculator shows 360 / 12: `30`, not `30.0`; the
+tool-use chats of `data sample --chat --tools` write results the same way), within bounds that keep one
 call cheap: the expression is at most MAX_CHARS characters and nested at most MAX_DEPTH deep, and no
 integer, operand or result, grows past MAX_BITS bits, checked before a power is taken (so 9**9**9
 is refused at once instead of computed).
@@ -89,7 +91,14 @@ def calculate(expression: str) -> str:
         tree = ast.parse(expression.strip(), mode="eval")
     except (SyntaxError, RecursionError, MemoryError) as e:
         raise CalculatorError(f"not an expression: {getattr(e, 'msg', type(e).__name__)}") from None
-    return str(_eval(tree, 0))
+    return _shown(_eval(tree, 0))
+
+
+def _shown(value) -> str:
+    """Python's str of the result, a whole float (exactly an integer: below 2**53) written as that integer."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2 ** 53:
+        return str(int(value))
+    return str(value)
 
 
 def calculator() -> Tool:

@@ -10,7 +10,8 @@ or FSDP2 with each transformer block and then the whole model sharded over a dev
 explicit CPU mesh when there is no GPU). With `distributed.tp` > 1 the mesh is 2-D, (dp, tp):
 consecutive ranks form a tensor-parallel group (parallelize.py shards each block over it) and FSDP2
 shards over dp. `distributed.strategy = "hsdp"` and `distributed.pp` > 1 build a named mesh (mesh.py):
-HSDP is FSDP2 over (replicate, shard), and pipeline stages (pipeline.py) shard over their own dp.
+HSDP is FSDP2 over (replicate, shard), and pipeline stages (pipeline.py), each tensor-parallel over its
+own tp when tp > 1, shard over their own dp.
 
 `Dist.rank` and `Dist.world_size` are *data-parallel*: the share of each batch this process reads
 and how many shares there are (processes / tp / pp). The tp (and pp) processes of a group read the
@@ -290,7 +291,8 @@ def total_norm(grads: list[torch.Tensor], pp: int = 1) -> float:
     mesh of tensor-parallel weights). Each process adds the squares of its local shards, each divided
     by how many processes hold that same shard, and one all-reduce sums them: the same number on
     every process, whatever the mix of layouts. With `pp` pipeline stages a stage's parameters live on
-    its processes / pp only, and the all-reduce over every process adds the stages' squares up."""
+    its processes / pp only, and the all-reduce over every process adds the stages' squares up; a tied
+    embedding's gradient, held by the first and the last stage (`pp_copies`), counts once."""
     if not grads:
         return 0.0
     if not any(hasattr(g, "device_mesh") for g in grads):  # whole gradients (one process, DDP)

@@ -160,7 +160,7 @@ class StageModule(nn.Module):
             if self.grad_checkpointing and self.training:
                 x, _ = checkpoint(block, x, cos, sin, mask, None, use_reentrant=False)
             else:
-                x, _ = block(x, cos, sin, mask)
+                x, _ = block(x, cos, sin, mask, None)
         if not self.is_last:
             return x
         if self.norm is not None:
