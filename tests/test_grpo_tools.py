@@ -281,3 +281,25 @@ def test_tests_passed_counts_each_test():
     assert reward_fns.tests_passed("def add(a, b):\n", right, tests=check, entry_point="add") == pytest.approx(2 / 3)
     assert reward_fns.tests_passed("def add(a, b):\n", "    return 1 / 0\n", tests=tests) == 0.0
     assert reward_fns.tests_passed("def add(a, b):\n", right, tests="") == 0.0
+
+
+def test_a_tool_use_chat_record_is_a_prompt_up_to_its_user_message(tmp_path):
+    """`data sample --chat --tools` records serve as GRPO prompts: the reply to the last user message (calls,
+    results, the answer) is what the policy writes, so the prompt ends with that user message."""
+    from groundup.corpus.tool_chats import TOOLS
+
+    record = {"tools": TOOLS, "answer": "77", "messages": [
+        {"role": "system", "content": "Answer briefly."},
+        {"role": "user", "content": "What is 11 * 7?"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {
+            "name": "calculator", "arguments": "{\"expression\": \"11 * 7\"}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "77"},
+        {"role": "assistant", "content": "11 * 7 = 77.\nAnswer: 77"}]}
+    path = tmp_path / "p.jsonl"
+    path.write_text(json.dumps(record) + "\n")
+    tok = small_tokenizer()
+    prompts, _, bad = rollout_module.read_prompts([path], tok, 4096, tools=TOOLS)
+    assert bad == [] and len(prompts) == 1
+    assert [m["role"] for m in prompts[0].messages] == ["system", "user"] and prompts[0].text == "What is 11 * 7?"
+    expected, _ = tok.render_chat(record["messages"][:2], add_generation_prompt=True, tools=TOOLS)
+    assert prompts[0].ids == expected and prompts[0].fields["answer"] == "77"

@@ -67,8 +67,9 @@ class Prompt:
 
 def read_prompts(paths, tok, max_len: int, tools: list[dict] | None = None) -> tuple[list[Prompt], list[Prompt],
                                                                                         list[str]]:
-    """(training prompts, held-out prompts, skipped "file:line: reason"). A `messages` record whose last
-    message is the assistant's is a prompt without it (so SFT chat files serve as prompts). `tools`: tool
+    """(training prompts, held-out prompts, skipped "file:line: reason"). A `messages` record that ends with
+    the reply to its last user message (an assistant message, or a tool loop: calls, results, the answer) is
+    a prompt without that reply (so SFT and tool-use chat files serve as prompts). `tools`: tool
     use is on, and these are the definitions a chat prompt shows unless its record has a `tools` list of
     its own; a text prompt is then skipped (tools need a chat)."""
     train, held, bad = [], [], []
@@ -80,8 +81,11 @@ def read_prompts(paths, tok, max_len: int, tools: list[dict] | None = None) -> t
             shown = None
             if "messages" in record or isinstance(record.get("prompt"), list):
                 messages = parse_messages(record.get("messages", record.get("prompt")), "messages")
-                if messages[-1]["role"] == "assistant":
-                    messages = messages[:-1]
+                users = [i for i, m in enumerate(messages) if m["role"] == "user"]
+                if users and messages[-1]["role"] in ("assistant", "tool"):
+                    # the reply to the last user message (with its calls and their results: a tool-use
+                    # chat) is what the policy writes: the prompt ends with that user message
+                    messages = messages[: users[-1] + 1]
                 if not messages or messages[-1]["role"] != "user":
                     raise BadRecord("a chat prompt must end with the user's message")
                 shown = (parse_tools(record.get("tools")) or tools) if tools is not None else None
