@@ -98,6 +98,14 @@ def moe_forward(moe: MoE, x: torch.Tensor, mm_in, mm_out) -> tuple[torch.Tensor,
             h = activation(moe.kind, h)
         out[start : start + n] = mm_out(e, h)
         start += n
+    y, aux = combine(moe, x, out, weights, order, token_of, counts, probs)
+    return y.reshape(shape), aux
+
+
+def combine(moe: MoE, x: torch.Tensor, out: torch.Tensor, weights, order, token_of, counts, probs):
+    """The experts' rows `out` (in `order`) weighted by the router and summed back onto their tokens, plus the
+    shared experts; and the load-balancing loss (Switch's, counted per expert in `moe.load` while training).
+    Shared by the one-process layer and the expert-parallel one (train/expert_parallel.py)."""
     gate_w = weights.reshape(-1)[order].to(out.dtype).unsqueeze(-1)
     y = torch.zeros_like(x).index_add_(0, token_of, out * gate_w)
     if moe.shared is not None:
@@ -107,6 +115,6 @@ def moe_forward(moe: MoE, x: torch.Tensor, mm_in, mm_out) -> tuple[torch.Tensor,
         with torch.no_grad():
             moe.load += counts.to(moe.load.dtype)
         if moe.aux_loss_coef:
-            share = counts.float() / flat.numel()
+            share = counts.float() / order.numel()
             aux = moe.aux_loss_coef * moe.n_experts * (share * probs.mean(dim=0)).sum()
-    return y.reshape(shape), aux
+    return y, aux

@@ -38,7 +38,7 @@ from torch import nn
 
 from groundup.errors import ConfigError
 from groundup.model.mlp import activation
-from groundup.model.moe import MoE, load_imbalance
+from groundup.model.moe import MoE, combine, load_imbalance
 
 EXPERT_PARAMS = ("experts_in", "experts_out")
 
@@ -107,19 +107,12 @@ class ExpertParallelMoE(MoE):
         back[by_expert] = torch.arange(len(by_expert), device=x.device)
         # back to the processes the rows came from, in the order they sent them
         out = all_to_all(torch.cat(outs)[back], send, recv, group)
-        gate_w = weights.reshape(-1)[order].to(out.dtype).unsqueeze(-1)
-        y = torch.zeros_like(x).index_add_(0, token_of, out * gate_w)
-        if self.shared is not None:
-            y = y + self.shared(x)
-        aux = x.new_zeros((), dtype=torch.float32)
+        y, aux = combine(self, x, out, weights, order, token_of, counts, probs)
         if self.training:
             with torch.no_grad():
-                self.load += counts.to(self.load.dtype)
                 self.ep_routed += counts.to(self.ep_routed.dtype)
                 self.ep_received += received.sum(0).to(self.ep_received.dtype)
             if self.aux_loss_coef:
-                share = counts.float() / flat.numel()
-                aux = self.aux_loss_coef * self.n_experts * (share * probs.mean(dim=0)).sum()
                 self.ep_aux += float(aux.detach())
                 self.ep_forwards += 1
         return y.reshape(shape), aux
