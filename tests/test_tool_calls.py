@@ -15,6 +15,7 @@ from groundup.serve.server import Server
 from groundup.tokenizer.tool_calls import ToolCallStream, call_text, parse_tool_calls
 from infer_helpers import small_tokenizer, tiny_model
 from serve_helpers import LiveServer, make_server
+from tool_script import Script  # the served model made to write chosen replies
 
 openai = pytest.importorskip("openai")
 jsonschema = pytest.importorskip("jsonschema")
@@ -112,26 +113,6 @@ def test_tools_and_results_render_as_transformers_renders_them(tmp_path, hermes_
     assert '"name": "lights", "arguments": {"on": true}' in learned and "14.5" not in learned.split("It is")[0]
 
 
-class Script:
-    """The served model, made to write the replies it is given: each logits call (the prefill, then each decode
-    step) puts all the mass on the next token of the reply, then on the end of the turn."""
-
-    def __init__(self, server: Server):
-        self.tok, self.tokens, self.step = server.tokenizer, [], 0
-        model, computed = server.model, server.model.logits
-
-        def logits(x):
-            out = computed(x).fill_(-1e9)
-            out[..., self.tokens[min(self.step, len(self.tokens) - 1)]] = 0.0
-            self.step += 1
-            return out
-
-        model.logits = logits
-
-    def reply(self, text: str) -> None:
-        self.tokens, self.step = self.tok.encode(text) + [self.tok.end_of_turn_id], 0
-
-
 @pytest.fixture(scope="module")
 def scripted():
     server = make_server(copy.deepcopy(tiny_model(max_seq_len=2048, init_std=0.2)), max_batch=4)
@@ -139,7 +120,7 @@ def scripted():
     encode = server.text.chat
     server.text.chat = lambda *a, **k: prompts.append(encode(*a, **k)) or prompts[-1]  # what the engine was sent
     with LiveServer(server) as live:
-        yield Script(server), openai.OpenAI(base_url=live.url + "/v1", api_key="none", max_retries=0), prompts
+        yield Script(server.model, server.tokenizer), openai.OpenAI(base_url=live.url + "/v1", api_key="none", max_retries=0), prompts
 
 
 def test_the_openai_function_calling_loop_runs_unchanged(scripted):
